@@ -1,0 +1,34 @@
+"""ARLArena text environments, registered in the ``ARL`` gymnasium namespace.
+
+``import arena_envs`` registers every id; engine-heavy modules (alfworld, textworld)
+are imported only when their env is made, so the package imports without the extras.
+"""
+
+from __future__ import annotations
+
+import gymnasium as gym
+
+from arena_envs.base import CHARSET, INFO_KEYS, TextEnv, text_space
+
+__all__ = ["CHARSET", "INFO_KEYS", "TextEnv", "text_space", "ENV_IDS"]
+
+# id -> (entry point, max_episode_steps, kwargs)
+_SPECS: dict[str, tuple[str, int, dict]] = {
+    "ARL/Sokoban-v0": ("arena_envs.sokoban:SokobanEnv", 15, {}),
+    "ARL/TIRMath-v0": ("arena_envs.tirmath:TIRMathEnv", 5, {}),
+    "ARL/WebShop-v0": ("arena_envs.webshop:WebShopEnv", 15, {}),
+    "ARL/ALFWorld-v0": ("arena_envs.alfworld_env:ALFWorldEnv", 50, {}),
+    "ARL/TextWorld-v0": ("arena_envs.textworld_env:TextWorldEnv", 8, {}),
+}
+
+#: Every registered id (variants included).
+ENV_IDS: list[str] = list(_SPECS)
+
+
+def _register_all() -> None:
+    for env_id, (entry_point, max_steps, kwargs) in _SPECS.items():
+        if env_id not in gym.registry:
+            gym.register(id=env_id, entry_point=entry_point, max_episode_steps=max_steps, kwargs=kwargs)
+
+
+_register_all()

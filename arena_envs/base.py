@@ -1,0 +1,91 @@
+"""The common text-environment API every ARLArena env implements.
+
+Observations and actions are plain ``str``. Envs must accept *any* string as an
+action (LLM output can be empty, huge, unicode or adversarial) and report it as
+invalid instead of raising. ``info`` always carries the keys in ``INFO_KEYS``.
+"""
+
+from __future__ import annotations
+
+import string
+from typing import Any
+
+import gymnasium as gym
+from gymnasium import spaces
+
+#: Characters every env's text is drawn from. gymnasium's default Text charset is
+#: alphanumeric only, which rejects any real observation (spaces, newlines, punctuation).
+CHARSET = frozenset(string.printable) | frozenset("√—–’“”…°×÷·")
+MAX_TEXT_LENGTH = 1_000_000
+
+#: Keys present in every ``info`` dict returned by ``reset`` and ``step``.
+INFO_KEYS = ("won", "admissible_actions", "action_is_valid", "task")
+
+
+def text_space(charset: frozenset[str] = CHARSET) -> spaces.Text:
+    """A Text space wide enough for LLM-facing text (empty strings allowed)."""
+    return spaces.Text(max_length=MAX_TEXT_LENGTH, min_length=0, charset=charset)
+
+
+class TextEnv(gym.Env[str, str]):
+    """Base class: text in, text out, a fixed ``info`` schema and an expert oracle.
+
+    Subclasses implement ``_reset`` and ``_step`` (returning the env-specific part of
+    ``info``), ``task_description`` and ``expert_action``; this class fills in the
+    mandatory info keys so that no env can forget one.
+    """
+
+    metadata = {"render_modes": ["ansi"], "render_fps": 1}
+
+    def __init__(self, render_mode: str | None = None, charset: frozenset[str] = CHARSET):
+        self.render_mode = render_mode
+        self.observation_space = text_space(charset)
+        self.action_space = text_space(charset)
+        self._last_obs = ""
+
+    # --- to implement -------------------------------------------------------------
+    def _reset(self, options: dict[str, Any] | None) -> tuple[str, dict[str, Any]]:
+        """Start a new episode from ``self.np_random``; return (obs, info)."""
+        raise NotImplementedError
+
+    def _step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        """Apply ``action``; info must contain at least ``won`` and ``action_is_valid``."""
+        raise NotImplementedError
+
+    def task_description(self) -> str:
+        """The natural-language goal of the current episode (goes into the prompt)."""
+        raise NotImplementedError
+
+    def admissible_actions(self) -> list[str] | None:
+        """Legal actions in the current state, or ``None`` if the action set is open."""
+        return None
+
+    def expert_action(self) -> str:
+        """A good next action from the current state (behaviour-cloning oracle)."""
+        raise NotImplementedError
+
+    # --- gymnasium API ------------------------------------------------------------
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        super().reset(seed=seed)
+        obs, info = self._reset(options)
+        info.setdefault("won", False)
+        info.setdefault("action_is_valid", True)
+        self._last_obs = obs
+        return obs, self._complete_info(info)
+
+    def step(self, action: str):
+        if not isinstance(action, str):
+            action = "" if action is None else str(action)
+        obs, reward, terminated, truncated, info = self._step(action)
+        self._last_obs = obs
+        return obs, float(reward), bool(terminated), bool(truncated), self._complete_info(info)
+
+    def render(self) -> str | None:
+        return self._last_obs if self.render_mode == "ansi" else None
+
+    def _complete_info(self, info: dict[str, Any]) -> dict[str, Any]:
+        info["won"] = bool(info.get("won", False))
+        info["action_is_valid"] = bool(info.get("action_is_valid", True))
+        info.setdefault("admissible_actions", self.admissible_actions())
+        info.setdefault("task", self.task_description())
+        return info
