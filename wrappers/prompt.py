@@ -1,0 +1,123 @@
+"""``PromptHistory``: render what the LLM sees each turn as chat messages.
+
+Two styles:
+
+* ``"full"`` — the verl-agent/ARLArena skeleton: system message with the env's
+  rules/legend (``prompt_instructions()``); user message with the task, "you have
+  already taken N step(s)", the last k ``[Observation i: '…', Action i: '…']`` pairs,
+  the current step's observation, the admissible actions and the ``<think>``/``<action>``
+  instruction. The first turn has no history block.
+* ``"compact"`` — for tiny models trained from scratch, where every prompt token
+  costs: a one-line format instruction as the system message; the user message is
+  the task line, (the last k observation/action pairs if ``history_length > 0``), the
+  observation and the admissible actions.
+
+The history shows the action the env actually received (``info["action"]`` from
+``FormatPenalty``), not the raw response, so reasoning text never snowballs into
+later prompts.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from typing import Any
+
+import gymnasium as gym
+
+from arena_envs.base import text_space
+
+STYLES = ("full", "compact")
+#: Shown in history when the response was malformed (no action was executed).
+INVALID_RESPONSE = "(invalid response)"
+#: History actions longer than this are cut, so one runaway response cannot bloat later prompts.
+MAX_HISTORY_ACTION_CHARS = 200
+
+_FULL_SYSTEM = "You are an expert agent acting in a text-based environment."
+_FULL_FORMAT = (
+    "Now it's your turn to act. First reason step by step about the current situation; this reasoning MUST "
+    "be enclosed within <think> </think> tags. Then give exactly one admissible action for the current step "
+    "within <action> </action> tags."
+)
+_COMPACT_SYSTEM = "Answer with <think>...</think><action>one action</action>."
+
+
+class PromptHistory(gym.Wrapper):
+    """obs := rendered user prompt; info["messages"] := [system, user] chat messages.
+
+    The raw env observation stays available as ``info["observation"]``.
+    """
+
+    def __init__(self, env: gym.Env, history_length: int = 2, style: str = "full"):
+        super().__init__(env)
+        if style not in STYLES:
+            raise ValueError(f"style must be one of {STYLES}, got {style!r}")
+        if history_length < 0:
+            raise ValueError(f"history_length must be >= 0, got {history_length}")
+        self.history_length = int(history_length)
+        self.style = style
+        self.observation_space = text_space()
+        self._history: deque[tuple[str, str]] = deque(maxlen=max(self.history_length, 1))
+        self._steps = 0
+        self._obs = ""
+
+    def reset(self, **kwargs: Any):
+        obs, info = self.env.reset(**kwargs)
+        self._history.clear()
+        self._steps = 0
+        return self._render(obs, info)
+
+    def step(self, action: Any):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        taken = info.get("action", action)
+        taken = INVALID_RESPONSE if taken is None else str(taken)
+        if len(taken) > MAX_HISTORY_ACTION_CHARS:
+            taken = taken[:MAX_HISTORY_ACTION_CHARS] + "..."
+        self._history.append((self._obs, taken))
+        self._steps += 1
+        prompt, info = self._render(obs, info)
+        return prompt, reward, terminated, truncated, info
+
+    # --- rendering -----------------------------------------------------------------
+    def _render(self, obs: str, info: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        self._obs = obs
+        recent = list(self._history)[-self.history_length:] if self.history_length else []
+        first_step = self._steps - len(recent) + 1
+        if self.style == "full":
+            system, user = self._full(obs, info, recent, first_step)
+        else:
+            system, user = self._compact(obs, info, recent)
+        info["observation"] = obs
+        info["messages"] = [{"role": "system", "content": system}, {"role": "user", "content": user}]
+        return user, info
+
+    def _full(self, obs: str, info: dict[str, Any], recent: list[tuple[str, str]], first: int) -> tuple[str, str]:
+        rules = getattr(self.env.unwrapped, "prompt_instructions", None)
+        rules = rules() if callable(rules) else ""
+        system = f"{_FULL_SYSTEM}\n\n{rules}" if rules else _FULL_SYSTEM
+        lines = [f"Your task: {info.get('task', '')}"]
+        if self._steps == 0:
+            lines.append(f"Your current observation is:\n{obs}")
+        else:
+            lines.append(f"Prior to this step, you have already taken {self._steps} step(s).")
+            if recent:
+                lines.append(f"Below are the most recent {len(recent)} observation(s) and the action(s) you took:")
+                lines += [f"[Observation {first + i}: '{o}', Action {first + i}: '{a}']" for i, (o, a) in enumerate(recent)]
+            lines.append(f"You are now at step {self._steps + 1} and your current observation is:\n{obs}")
+        actions = info.get("admissible_actions")
+        if actions is None:
+            lines.append("Your action can be any text command.")
+        else:
+            lines.append(f"Your admissible actions of the current situation are: {json.dumps(actions, ensure_ascii=False)}.")
+        lines.append(_FULL_FORMAT)
+        return system, "\n".join(lines)
+
+    def _compact(self, obs: str, info: dict[str, Any], recent: list[tuple[str, str]]) -> tuple[str, str]:
+        lines = [str(info.get("task", ""))]
+        for o, a in recent:
+            lines += [o, f"Action: {a}"]
+        lines.append(obs)
+        actions = info.get("admissible_actions")
+        if actions is not None:
+            lines.append("Actions: " + ", ".join(actions))
+        return _COMPACT_SYSTEM, "\n".join(lines)
