@@ -1,0 +1,107 @@
+"""Sweep grid expansion, resume logic and the results file, with a trivial command instead of training."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from eval.sweep import DONE_MARKER, FAILED_MARKER, SweepConfigError, load_sweep, main
+
+# Writes one metrics line and counts its invocations; fails on seed 2 while FAIL_FILE exists.
+FAKE = (
+    "import json, pathlib, sys; d = pathlib.Path(sys.argv[1]); d.mkdir(parents=True, exist_ok=True); "
+    "n = d / 'calls'; n.write_text(str(int(n.read_text()) + 1 if n.exists() else 1)); "
+    "(d / 'metrics.jsonl').write_text(json.dumps({'iteration': 0, 'rollout/success_rate': 0.5}) + '\\n'); "
+    "sys.exit(3 if sys.argv[2] == '2' and pathlib.Path(sys.argv[3]).exists() else 0)"
+)
+
+
+def write_config(tmp_path: Path, methods='["FAKE"]', extra="") -> Path:
+    cfg = tmp_path / "sweep.toml"
+    cfg.write_text(f"""
+[sweep]
+name = "t"
+runs_dir = "{tmp_path / 'runs'}"
+envs = ["ARL/Sokoban-v0"]
+seeds = [1, 2]
+methods = {methods}
+
+[methods.FAKE]
+command = ["python", "-c", {json.dumps(FAKE)}, "{{run_dir}}", "{{seed}}", "{tmp_path / 'FAIL'}"]
+dimension = "Test"
+{extra}
+""")
+    return cfg
+
+
+def calls(tmp_path: Path) -> dict[str, int]:
+    return {p.parent.name: int(p.read_text()) for p in sorted((tmp_path / "runs").glob("*/calls"))}
+
+
+def test_resume_skips_finished_runs_and_retries_failed_ones(tmp_path, capsys):
+    cfg = write_config(tmp_path)
+    (tmp_path / "FAIL").touch()
+    assert main([str(cfg), "run"]) == 1
+    assert calls(tmp_path) == {"FAKE__Sokoban-v0__s1": 1, "FAKE__Sokoban-v0__s2": 1}
+    runs = tmp_path / "runs"
+    assert (runs / "FAKE__Sokoban-v0__s1" / DONE_MARKER).is_file()
+    assert (runs / "FAKE__Sokoban-v0__s2" / FAILED_MARKER).is_file()
+    results = json.loads((runs / "results.json").read_text())["runs"]
+    assert [r["status"] for r in results] == ["done", "failed"]
+    assert results[0]["stability"]["best_success"] == 0.5 and results[0]["dimension"] == "Test"
+
+    (tmp_path / "FAIL").unlink()
+    assert main([str(cfg), "run"]) == 0
+    assert calls(tmp_path) == {"FAKE__Sokoban-v0__s1": 1, "FAKE__Sokoban-v0__s2": 2}
+    assert "skip (done): FAKE__Sokoban-v0__s1" in capsys.readouterr().out
+    assert not (runs / "FAKE__Sokoban-v0__s2" / FAILED_MARKER).exists()
+    meta = json.loads((runs / "FAKE__Sokoban-v0__s2" / "sweep_run.json").read_text())
+    assert (meta["method"], meta["env"], meta["seed"]) == ("FAKE", "ARL/Sokoban-v0", 2)
+
+    assert main([str(cfg), "run"]) == 0  # everything done: nothing runs again
+    assert calls(tmp_path) == {"FAKE__Sokoban-v0__s1": 1, "FAKE__Sokoban-v0__s2": 2}
+
+
+def test_array_index_runs_one_point(tmp_path):
+    cfg = write_config(tmp_path)
+    assert main([str(cfg), "run", "--index", "1"]) == 0
+    assert calls(tmp_path) == {"FAKE__Sokoban-v0__s2": 1}
+    assert main([str(cfg), "run", "--index", "7"]) == 2
+
+
+def test_grid_and_method_mapping(tmp_path, capsys):
+    cfg = write_config(tmp_path, methods='["GRPO_ST", "DAPO_GiGPO", "SAMPO"]',
+                       extra='[grid]\n"--learning-rate" = ["1e-5", "3e-5"]\n[method_args]\nSAMPO = ["--x", "1"]\n')
+    sweep = load_sweep(cfg, launcher="accelerate launch --num_processes 8")
+    assert len(sweep.jobs) == 3 * 2 * 2 and len({j.name for j in sweep.jobs}) == 12
+    first = sweep.jobs[0]
+    assert first.argv[:6] == ["accelerate", "launch", "--num_processes", "8", "algos/grpo.py", "--loss-agg"]
+    assert first.argv[6] == "seq-mean-token-mean" and first.overrides == {"--learning-rate": "1e-5"}
+    assert first.argv[-8:] == ["--env-id", "ARL/Sokoban-v0", "--seed", "1", "--run-name", first.name,
+                               "--runs-dir", str(tmp_path / "runs")]
+    dapo = next(j for j in sweep.jobs if j.method == "DAPO_GiGPO")
+    assert dapo.argv[4:7] == ["algos/dapo.py", "--advantage", "gigpo"] and dapo.dimension == "Dyn. sampling"
+    assert ["--x", "1"] == next(j for j in sweep.jobs if j.method == "SAMPO").argv[-10:-8]
+    assert main([str(cfg), "print"]) == 0
+    assert len(capsys.readouterr().out.strip().splitlines()) == 12
+    assert main([str(cfg), "array"]) == 0
+    assert "--array=0-11" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("body", ["not toml [", '[sweep]\nmethods = ["NOPE"]\nenvs = ["e"]\nseeds = [1]',
+                                  '[sweep]\nmethods = "GRPO"\nenvs = ["e"]\nseeds = [1]', "[sweep]\n"])
+def test_bad_config_is_a_clear_error(tmp_path, body, capsys):
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text(body)
+    with pytest.raises(SweepConfigError):
+        load_sweep(cfg)
+    assert main([str(cfg), "run"]) == 2
+    assert "error:" in capsys.readouterr().err
+
+
+def test_shipped_config_loads():
+    sweep = load_sweep(Path(__file__).parents[1] / "eval" / "configs" / "four_dims.toml")
+    assert {j.method for j in sweep.jobs} >= {"GRPO", "GSPO", "SAMPO"}
+    assert all(j.argv[0] == "python" and j.argv[1].startswith("algos/") for j in sweep.jobs)
