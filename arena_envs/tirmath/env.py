@@ -1,0 +1,175 @@
+"""``ARL/TIRMath-v0``: tool-integrated math reasoning with a sandboxed Python interpreter.
+
+Protocol (ARLArena ``recipe/math_agent`` / SimpleTIR):
+
+* first observation = the problem text;
+* each action is one model turn. If it contains a fenced ```python block, the turn is
+  cut after the **first** block (ARLArena stops generation there), the code runs in the
+  sandbox and the observation is ``"\\nCode execution result: {text}\\n"`` where ``text``
+  is the stdout (first ``max_output_chars`` characters), or the last stderr line when
+  stderr is non-empty, or ``interpreter timeout`` / a memory, output-limit or crash note;
+* the episode ends when ``\\boxed{`` appears in the (cut) turn or in the printed output
+  (the last ``\\boxed{}`` is scored: reward 1 if math-verify-equivalent to the answer,
+  else 0), on a turn with neither code nor answer (``action_is_valid=False``, reward 0;
+  this includes ``""``), or after ``max_turns`` turns (``truncated=True``, reward 0).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from arena_envs.base import TextEnv
+from arena_envs.tirmath.answer import extract_boxed, extract_code, is_correct
+from arena_envs.tirmath.data import FAMILIES, Problem, generate_problem, load_problems
+from arena_envs.tirmath.sandbox import ExecResult, Sandbox, shared_sandbox
+
+RESULT_TEMPLATE = "\nCode execution result: {}\n"
+NO_TOOL_OBS = "No ```python code block and no \\boxed{} answer in this turn; the episode is over."
+DONE_OBS = "The episode is over."
+
+INSTRUCTIONS = (
+    "Solve the math problem step by step. You may write Python code in a fenced block "
+    "(```python ... ```); sympy and numpy are available. Only the first code block of a turn is "
+    "run, and its printed output is returned to you after 'Code execution result: ' (use print). "
+    "Each run is limited in time and memory and has no network or file access outside its own "
+    "folder. A turn with neither code nor a final answer ends the episode. When you know the "
+    "answer, finish with \\boxed{your final answer}; the last \\boxed{} you write is graded."
+)
+
+
+class TIRMathEnv(TextEnv):
+    """Multi-turn math with a Python tool; see the module docstring for the protocol.
+
+    Args:
+        data: ``"synthetic"`` (seeded sympy-checked generator, no download), a path to a
+            GSM8K/MATH JSONL or ARLArena parquet file, ``"hf:<name>[:<config>]"``, or a
+            sequence of ``Problem``.
+        split: split for ``hf:`` sources.
+        families: restrict the synthetic generator to these problem families.
+        max_turns: turns per episode (ARLArena: 5).
+        max_output_chars: characters of stdout shown to the policy (ARLArena: 512).
+        timeout, memory_mb: per-run sandbox limits (ARLArena recipe: 3 s, 2 GB).
+        sandbox: a ``Sandbox``; default = one shared server per process.
+    """
+
+    def __init__(self, data: str | Path | Sequence[Problem] = "synthetic", *, split: str = "test",
+                 families: Sequence[str] | None = None, max_turns: int = 5, max_output_chars: int = 512,
+                 timeout: float = 3.0, memory_mb: int = 2048, verify_timeout: float = 5.0,
+                 sandbox: Sandbox | None = None, render_mode: str | None = None):
+        super().__init__(render_mode=render_mode)
+        if isinstance(data, (str, Path)) and str(data) == "synthetic":
+            self._problems: list[Problem] | None = None
+        elif isinstance(data, (str, Path)):
+            self._problems = load_problems(data, split=split)
+        else:
+            self._problems = list(data)
+            if not self._problems:
+                raise ValueError("empty problem list")
+        unknown = set(families or ()) - set(FAMILIES)
+        if unknown:
+            raise ValueError(f"unknown synthetic families {sorted(unknown)}; choose from {sorted(FAMILIES)}")
+        self._families = tuple(families) if families else None
+        if max_turns < 1 or max_output_chars < 0:
+            raise ValueError("max_turns must be >= 1 and max_output_chars >= 0")
+        self.max_turns, self.max_output_chars = int(max_turns), int(max_output_chars)
+        self.timeout, self.memory_mb, self.verify_timeout = float(timeout), int(memory_mb), float(verify_timeout)
+        self._sandbox = sandbox
+        self._problem: Problem | None = None
+        self._turn = 0
+        self._done = True
+        self._expert_value: str | None = None
+
+    @property
+    def sandbox(self) -> Sandbox:
+        if self._sandbox is None:
+            self._sandbox = shared_sandbox()
+        return self._sandbox
+
+    @property
+    def problem(self) -> Problem | None:
+        return self._problem
+
+    # --- TextEnv hooks ----------------------------------------------------------------
+    def _reset(self, options: dict[str, Any] | None) -> tuple[str, dict[str, Any]]:
+        options = options or {}
+        if "problem" in options:
+            p = options["problem"]
+            self._problem = p if isinstance(p, Problem) else Problem(str(p["question"]), str(p["answer"]), "options")
+        elif self._problems is None:
+            self._problem = generate_problem(self.np_random, self._families)
+        else:
+            idx = options.get("index")
+            idx = int(self.np_random.integers(len(self._problems))) if idx is None else int(idx) % len(self._problems)
+            self._problem = self._problems[idx]
+        self._turn, self._done, self._expert_value = 0, False, None
+        return self._problem.question, {"turn": 0, "source": self._problem.source}
+
+    def _step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        if self._done or self._problem is None:
+            return DONE_OBS, 0.0, True, False, {"action_is_valid": False, "turn": self._turn, "exec_status": None}
+        self._turn += 1
+        code, cut = extract_code(action)
+        text, obs, status = action[:cut], "", None
+        if code is not None:
+            result = self.sandbox.run(code, timeout=self.timeout, memory_mb=self.memory_mb)
+            status, obs = result.status, self.format_result(result)
+            if self._problem.expert_code is not None and code == self._problem.expert_code and result.status == "ok":
+                self._expert_value = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else None
+            text += "\n" + (result.stdout if result.status == "ok" else "")
+        answer = extract_boxed(text) if "\\boxed" in text else None
+        info: dict[str, Any] = {"turn": self._turn, "exec_status": status, "answer": answer}
+        if code is None and answer is None:
+            self._done = True
+            return NO_TOOL_OBS, 0.0, True, False, {**info, "action_is_valid": False}
+        if answer is not None:
+            self._done = True
+            won = is_correct(answer, self._problem.answer, self.sandbox, self.verify_timeout)
+            return obs, float(won), True, False, {**info, "won": won}
+        truncated = self._turn >= self.max_turns
+        self._done = truncated
+        return obs, 0.0, False, truncated, info
+
+    def format_result(self, result: ExecResult) -> str:
+        """The ARLArena observation for one run (stdout truncated to ``max_output_chars``)."""
+        if result.status == "timeout":
+            text = "interpreter timeout"
+        elif result.status == "memory":
+            text = f"{result.last_error_line} (memory limit of {self.memory_mb} MB exceeded)"
+        elif result.status == "output_limit":
+            text = self._truncate(result.stdout) + " [output limit exceeded; execution stopped]"
+        elif result.status == "crashed":
+            text = f"process killed by signal {result.signal}"
+        elif result.status == "sandbox_error":
+            text = "sandbox error: the code could not be run"
+        elif result.stderr.strip():
+            text = result.last_error_line
+        else:
+            text = self._truncate(result.stdout)
+        return RESULT_TEMPLATE.format(text)
+
+    def _truncate(self, s: str) -> str:
+        return s if len(s) <= self.max_output_chars else s[: self.max_output_chars] + "..."
+
+    def task_description(self) -> str:
+        return self._problem.question if self._problem is not None else ""
+
+    def admissible_actions(self) -> list[str] | None:
+        return None
+
+    def prompt_instructions(self) -> str:
+        return INSTRUCTIONS
+
+    def expert_action(self) -> str:
+        """Synthetic problems: sympy code first, then ``\\boxed{}`` with the printed value.
+
+        Loaded datasets have no reference program; the expert answers the gold directly.
+        """
+        p = self._problem
+        if p is None:
+            return ""
+        if p.expert_code is not None and self._expert_value is None:
+            return f"I will compute this exactly with sympy.\n```python\n{p.expert_code}\n```"
+        value = self._expert_value if self._expert_value is not None else p.answer
+        return f"The computation gives {value}.\nThe final answer is \\boxed{{{value}}}."

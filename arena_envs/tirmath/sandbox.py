@@ -1,0 +1,213 @@
+"""Client side of the TIR-Math sandbox: runs model-written Python in a hardened fork server.
+
+``Sandbox.run(code)`` sends the code to a long-lived server process (``_forkserver.py``)
+that has sympy/numpy/math-verify imported and forks one hardened child per call, so a
+call costs a fork instead of a Python start + sympy import (see
+``benchmarks/bench_sandbox.py``). The client never trusts the server to stay alive: a
+missing reply within ``timeout + margin`` or a dead server yields ``status="sandbox_error"``
+and a fresh server on the next call. The layers that actually work on this machine are
+reported by ``Sandbox.layers``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+_SERVER = Path(__file__).with_name("_forkserver.py")
+#: environment of the server (and hence of every child): nothing from the parent leaks in
+_SERVER_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1",
+               "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+STATUSES = ("ok", "error", "timeout", "memory", "output_limit", "crashed", "sandbox_error")
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    """Outcome of one sandboxed run. ``status`` is one of ``STATUSES``."""
+
+    status: str
+    stdout: str
+    stderr: str
+    exit_code: int | None
+    signal: int | None
+    elapsed: float
+    output_bytes: int
+
+    @property
+    def last_error_line(self) -> str:
+        lines = [ln for ln in self.stderr.splitlines() if ln.strip()]
+        return lines[-1].strip() if lines else ""
+
+
+def _classify(reply: dict) -> str:
+    limit = reply.get("limit")
+    if limit in ("timeout", "cpu_timeout"):
+        return "timeout"
+    if limit == "output_limit":
+        return "output_limit"
+    if limit == "internal":
+        return "sandbox_error"
+    last = [ln for ln in reply["stderr"].splitlines() if ln.strip()][-1:] or [""]
+    if last[0].lstrip().startswith("MemoryError"):
+        return "memory"
+    if reply.get("signal") is not None:
+        return "crashed"
+    return "ok" if reply.get("exit_code") == 0 else "error"
+
+
+class Sandbox:
+    """Thread-safe handle on one fork server; limits are per call with these defaults.
+
+    Args:
+        timeout: wall-clock seconds per call (CPU limit = ceil(timeout)).
+        memory_mb: address-space limit of the child (RLIMIT_AS).
+        max_output: bytes of stdout/stderr kept (each); the rest is discarded.
+        kill_output: total output bytes after which the child is killed (``output_limit``).
+        file_size: largest file the child may write in its working directory (RLIMIT_FSIZE).
+        margin: extra seconds the client waits for a reply beyond ``timeout``.
+        audit_hook: install the Python-level audit hook in children. ``False`` leaves only the
+            kernel-enforced layers; it exists to test those layers on their own.
+    """
+
+    def __init__(self, timeout: float = 3.0, memory_mb: int = 2048, max_output: int = 65536,
+                 kill_output: int = 1 << 20, file_size: int = 4 << 20, margin: float = 5.0,
+                 startup_timeout: float = 120.0, audit_hook: bool = True):
+        self.timeout, self.memory_mb, self.margin = float(timeout), int(memory_mb), float(margin)
+        self.max_output, self.kill_output, self.file_size = int(max_output), int(kill_output), int(file_size)
+        self.startup_timeout, self.audit_hook = float(startup_timeout), bool(audit_hook)
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen | None = None
+        self._owner_pid = -1
+        self._layers: dict = {}
+
+    # --- lifecycle ------------------------------------------------------------------
+    @property
+    def layers(self) -> dict:
+        """Containment layers active on this machine (from the server handshake)."""
+        with self._lock:
+            self._ensure_server()
+            return dict(self._layers)
+
+    @property
+    def server_pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None and self._owner_pid == os.getpid() else None
+
+    def _ensure_server(self) -> None:
+        if self._proc is not None and self._owner_pid == os.getpid() and self._proc.poll() is None:
+            return
+        if self._owner_pid != os.getpid():
+            self._proc = None  # inherited across fork(): the pipes belong to the parent process
+        self._stop_server()
+        self._proc = subprocess.Popen(
+            [sys.executable, "-I", str(_SERVER), tempfile.gettempdir()],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            env=_SERVER_ENV, start_new_session=True, close_fds=True, cwd="/")
+        self._owner_pid = os.getpid()
+        hello = self._read_reply(time.monotonic() + self.startup_timeout)
+        if hello is None or not hello.get("ready"):
+            self._stop_server()
+            raise RuntimeError("sandbox server failed to start")
+        self._layers = hello["layers"]
+
+    def _stop_server(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        proc.wait()
+        for f in (proc.stdin, proc.stdout):
+            if f is not None:
+                f.close()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._owner_pid == os.getpid():
+                self._stop_server()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+    # --- requests -------------------------------------------------------------------
+    def _read_reply(self, deadline: float) -> dict | None:
+        fd = self._proc.stdout.fileno()
+        buf = b""
+        need = 4
+        length = None
+        while len(buf) < need:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
+                return None
+            chunk = os.read(fd, max(need - len(buf), 65536) if length is None else need - len(buf))
+            if not chunk:
+                return None
+            buf += chunk
+            if length is None and len(buf) >= 4:
+                (length,) = struct.unpack(">I", buf[:4])
+                need = 4 + length
+        return json.loads(buf[4:need].decode("utf-8"))
+
+    def _request(self, req: dict, wait: float) -> dict | None:
+        with self._lock:
+            self._ensure_server()
+            data = json.dumps(req).encode("utf-8")
+            try:
+                self._proc.stdin.write(struct.pack(">I", len(data)) + data)
+                self._proc.stdin.flush()
+            except (BrokenPipeError, OSError):
+                self._stop_server()
+                return None
+            reply = self._read_reply(time.monotonic() + wait)
+            if reply is None:  # server dead or hung: never leave a half-read stream behind
+                self._stop_server()
+            return reply
+
+    def run(self, code: str, timeout: float | None = None, memory_mb: int | None = None) -> ExecResult:
+        """Execute ``code`` (any string) in a fresh hardened child; never raises for bad code."""
+        timeout = self.timeout if timeout is None else float(timeout)
+        req = {"op": "run", "code": code, "timeout": timeout, "audit": self.audit_hook,
+               "mem_mb": self.memory_mb if memory_mb is None else int(memory_mb),
+               "max_output": self.max_output, "kill_output": self.kill_output, "fsize": self.file_size}
+        start = time.monotonic()
+        reply = self._request(req, timeout + self.margin)
+        if reply is None:
+            return ExecResult("sandbox_error", "", "sandbox server died or did not answer", None, None,
+                              time.monotonic() - start, 0)
+        return ExecResult(_classify(reply), reply["stdout"], reply["stderr"], reply["exit_code"],
+                          reply["signal"], reply["elapsed"], reply["output_bytes"])
+
+    def verify(self, gold: str, pred: str, timeout: float = 5.0, memory_mb: int = 2048) -> bool:
+        """math-verify ``parse``/``verify`` in a hardened child (it evaluates untrusted text)."""
+        nonce = os.urandom(8).hex()
+        req = {"op": "verify", "gold": gold, "pred": pred, "nonce": nonce, "timeout": float(timeout),
+               "mem_mb": int(memory_mb), "max_output": 256, "kill_output": 1 << 16, "fsize": 0}
+        reply = self._request(req, timeout + self.margin)
+        return reply is not None and reply.get("limit") is None and reply["stdout"].endswith(nonce + "1")
+
+
+_SHARED: dict[int, Sandbox] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def shared_sandbox() -> Sandbox:
+    """One server per process, shared by all envs (limits travel with each request)."""
+    with _SHARED_LOCK:
+        box = _SHARED.get(os.getpid())
+        if box is None:
+            box = _SHARED[os.getpid()] = Sandbox()
+        return box
