@@ -109,6 +109,7 @@ def load_runs(run_dirs: list[Path], results: Path | None, cfg: StabilityConfig) 
             continue
         label = labels.get(str(run_dir.resolve()), {})
         method = str(label.get("method", log.method))
+        method = next((m for m in METHODS if m.lower() == method.lower()), method)  # exp_name "gspo" → GSPO
         dimension = str(label.get("dimension") or (METHODS[method].dimension if method in METHODS else ""))
         runs.append(Run(log, analyze(log, cfg), method, str(label.get("env", log.env)), dimension))
     return runs, problems

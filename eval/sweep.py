@@ -1,12 +1,15 @@
 """Grids over the four design dimensions × methods × seeds × envs, from a TOML file.
 
 ``python -m eval.sweep CONFIG.toml run [--index I] [--stop-on-error]`` runs the grid
-locally, one run after another, and is resumable: a run whose directory holds the
-completion marker ``DONE`` is skipped (the sweep writes it when the command exits 0).
+locally, one run after another. It is resumable: a run whose directory holds a
+completion marker is skipped — ``DONE`` (written by the sweep when the command exits 0)
+or ``summary.json`` (written by a training script after saving its final model).
 ``print`` lists the launch commands (one per line, for a cluster or GNU parallel),
 ``array`` prints a SLURM array script whose task I runs ``run --index I``, and
 ``collect`` writes every run's stability summary into one results file (``run``
 does this too when it finishes). See ``eval/configs/four_dims.toml`` for the format.
+DAPO's ``--advantage`` flag follows the issue's mapping; remap it in a config's
+``[methods.DAPO_GRPO]`` table if dapo.py names it differently.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ from eval.runlog import METRICS_FILE, SWEEP_META_FILE, RunLog
 from eval.stability import StabilityConfig, analyze
 
 DONE_MARKER = "DONE"
+#: Any of these in a run directory means the run finished (``summary.json``: algos/*.py).
+COMPLETION_MARKERS = (DONE_MARKER, "summary.json")
 FAILED_MARKER = "FAILED"
 LOG_FILE = "sweep.log"
 
@@ -45,8 +50,8 @@ class Method:
 #: The paper's rows (ALGORITHMS.md §1.2/§1.4) plus RLOO and PPO.
 METHODS: dict[str, Method] = {
     "GRPO": Method("algos/grpo.py", (), "Base"),
-    "GRPO_ST": Method("algos/grpo.py", ("--loss-agg", "seq-mean-token-mean"), "Loss Agg"),
-    "GRPO_SM": Method("algos/grpo.py", ("--seq-mask",), "IS"),
+    "GRPO_ST": Method("algos/grpo.py", ("--loss-agg-mode", "seq-mean-token-mean"), "Loss Agg"),
+    "GRPO_SM": Method("algos/grpo.py", ("--use-seq-mask",), "IS"),
     "GSPO": Method("algos/gspo.py", (), "IS"),
     "SAPO": Method("algos/sapo.py", (), "IS"),
     "CISPO": Method("algos/cispo.py", (), "IS"),
@@ -60,7 +65,7 @@ METHODS: dict[str, Method] = {
 }
 
 #: Flags every training script takes for the grid point's env, seed and output location.
-DEFAULT_FLAGS = {"env": "--env-id", "seed": "--seed", "run_name": "--run-name", "runs_dir": "--runs-dir"}
+DEFAULT_FLAGS = {"env": "--env-id", "seed": "--seed", "run_name": "--run-name", "runs_dir": "--output-dir"}
 
 
 class SweepConfigError(ValueError):
@@ -83,7 +88,7 @@ class Job:
 
     @property
     def done(self) -> bool:
-        return (self.run_dir / DONE_MARKER).is_file()
+        return any((self.run_dir / marker).is_file() for marker in COMPLETION_MARKERS)
 
     @property
     def status(self) -> str:

@@ -18,7 +18,7 @@ def make_runs(root):
         for method, peak, collapse in (("GRPO", 0.6, None), ("GSPO", 0.8, None), ("SAPO", 0.7, 40)):
             rows = synthetic_rows(n=60, peak=peak, collapse_at=collapse, seed=seed)
             write_run(root / f"{method}__Sokoban-v0__s{seed}", rows,
-                      config={"exp_name": method, "env_id": "ARL/Sokoban-v0", "seed": seed})
+                      config={"exp_name": method.lower(), "env_id": "ARL/Sokoban-v0", "seed": seed})
     write_run(root / "GRPO__TIRMath-v0__s1", synthetic_rows(n=30, peak=0.4),
               config={"exp_name": "GRPO", "env_id": "ARL/TIRMath-v0", "seed": 1})
     return root

@@ -71,16 +71,25 @@ def test_array_index_runs_one_point(tmp_path):
     assert main([str(cfg), "run", "--index", "7"]) == 2
 
 
+def test_training_script_summary_counts_as_finished(tmp_path):
+    cfg = write_config(tmp_path)
+    finished = tmp_path / "runs" / "FAKE__Sokoban-v0__s1"
+    finished.mkdir(parents=True)
+    (finished / "summary.json").write_text("{}")
+    assert main([str(cfg), "run"]) == 0
+    assert calls(tmp_path) == {"FAKE__Sokoban-v0__s2": 1}
+
+
 def test_grid_and_method_mapping(tmp_path, capsys):
     cfg = write_config(tmp_path, methods='["GRPO_ST", "DAPO_GiGPO", "SAMPO"]',
                        extra='[grid]\n"--learning-rate" = ["1e-5", "3e-5"]\n[method_args]\nSAMPO = ["--x", "1"]\n')
     sweep = load_sweep(cfg, launcher="accelerate launch --num_processes 8")
     assert len(sweep.jobs) == 3 * 2 * 2 and len({j.name for j in sweep.jobs}) == 12
     first = sweep.jobs[0]
-    assert first.argv[:6] == ["accelerate", "launch", "--num_processes", "8", "algos/grpo.py", "--loss-agg"]
+    assert first.argv[:6] == ["accelerate", "launch", "--num_processes", "8", "algos/grpo.py", "--loss-agg-mode"]
     assert first.argv[6] == "seq-mean-token-mean" and first.overrides == {"--learning-rate": "1e-5"}
     assert first.argv[-8:] == ["--env-id", "ARL/Sokoban-v0", "--seed", "1", "--run-name", first.name,
-                               "--runs-dir", str(tmp_path / "runs")]
+                               "--output-dir", str(tmp_path / "runs")]
     dapo = next(j for j in sweep.jobs if j.method == "DAPO_GiGPO")
     assert dapo.argv[4:7] == ["algos/dapo.py", "--advantage", "gigpo"] and dapo.dimension == "Dyn. sampling"
     assert ["--x", "1"] == next(j for j in sweep.jobs if j.method == "SAMPO").argv[-10:-8]
