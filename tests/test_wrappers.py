@@ -18,6 +18,7 @@ any_text = tag_soup | st.text(max_size=300)
 no_tags = st.text(max_size=80).filter(lambda s: "<" not in s)
 
 
+@settings(deadline=None)
 @given(any_text)
 def test_parser_never_raises_and_ok_implies_strict_shape(text):
     parsed = parse_response(text)
@@ -30,6 +31,7 @@ def test_parser_never_raises_and_ok_implies_strict_shape(text):
         assert parsed.action is None and parsed.think is None
 
 
+@settings(deadline=None)
 @given(think=no_tags, action=no_tags, pre=st.sampled_from(["", " ", "\n\t"]), mid=st.sampled_from(["", "\n"]))
 def test_parser_accepts_the_canonical_format(think, action, pre, mid):
     parsed = parse_response(f"{pre}<think>{think}</think>{mid}<action>{action}</action>{pre}")
@@ -62,6 +64,19 @@ def test_step_with_arbitrary_text_is_safe_and_penalised(text):
     assert info["action_is_valid"] == valid
     assert info["format_penalty"] == (0.0 if valid else 0.25)
     assert reward == pytest.approx(info["env_reward"] - info["format_penalty"])
+
+
+@pytest.mark.parametrize("template", ["{}", "<action>{}</action>", "<think></think>{}", "{0}<think>{0}</think><action>{0}</action>"])
+def test_malformed_responses_never_move(template):
+    moved = 0
+    for direction in ("up", "down", "left", "right"):
+        env = make_env("ARL/Sokoban-v0")
+        _, info0 = env.reset(seed=2)
+        _, _, _, _, info = env.step(template.format(direction))
+        assert info["observation"] == info0["observation"] and not info["format_ok"]
+        _, _, _, _, info = env.step(format_response(direction))
+        moved += info["observation"] != info0["observation"]
+    assert moved > 0  # the same moves, well-formed, do change the state
 
 
 def test_huge_and_hostile_inputs():
