@@ -146,7 +146,7 @@ class TIRMathEnv(TextEnv):
         elif result.stderr.strip():
             text = result.last_error_line
         else:
-            text = self._truncate(result.stdout)
+            text = self._truncate(result.stdout.rstrip("\n"))
         return RESULT_TEMPLATE.format(text)
 
     def _truncate(self, s: str) -> str:

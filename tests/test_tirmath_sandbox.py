@@ -1,0 +1,179 @@
+"""Hostile programs through the TIR-Math sandbox and env: containment, reason, time bound, no side effects."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from arena_envs.tirmath import Sandbox, TIRMathEnv
+
+TIMEOUT = 1.5  # small limits keep the catalogue fast
+MEM_MB = 512
+
+
+@pytest.fixture(scope="module")
+def sandbox():
+    box = Sandbox(timeout=TIMEOUT, memory_mb=MEM_MB, margin=5.0)
+    box.layers  # start the server once for the module
+    yield box
+    box.close()
+
+
+@pytest.fixture()
+def outside(tmp_path: Path) -> Path:
+    """A directory outside the sandbox holding a sentinel file (mode 0700, owned by the host user)."""
+    (tmp_path / "sentinel.txt").write_text("untouched")
+    tmp_path.chmod(0o700)
+    return tmp_path
+
+
+def _children(pid: int) -> list[int]:
+    kids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                kids.append(int(entry))
+    return kids
+
+
+# (name, code template, expected status, text expected in the error line or stdout)
+HOSTILE = [
+    ("infinite_loop", "while True:\n    pass", "timeout", ""),
+    ("sleep", "import time\ntime.sleep(60)", "timeout", ""),
+    ("fork_bomb", "import os\nwhile True:\n    os.fork()", "error", "os.fork"),
+    ("subprocess", "import subprocess\nsubprocess.run(['sh', '-c', 'touch {outside}/pwned'])", "error",
+     "subprocess.Popen"),
+    ("os_system", "import os\nos.system('touch {outside}/pwned')", "error", "os.system"),
+    ("memory_bomb", "x = bytearray(10**11)", "memory", "MemoryError"),
+    ("memory_growth", "a = []\nwhile True:\n    a.append(bytearray(10**7))", "memory", "MemoryError"),
+    ("write_outside", "open('{outside}/sentinel.txt', 'w').write('pwned')", "error", "outside the working"),
+    ("delete_outside", "import os\nos.remove('{outside}/sentinel.txt')", "error", "os.remove"),
+    ("rename_outside", "import os\nos.rename('{outside}/sentinel.txt', 'stolen.txt')", "error", "os.rename"),
+    ("symlink_escape", "import os\nos.symlink('{outside}/sentinel.txt', 'link')\nopen('link', 'w').write('x')",
+     "error", "outside the working"),
+    ("chdir_escape", "import os\nos.chdir('{outside}')", "error", "os.chdir"),
+    ("read_secret", "print(open('/etc/shadow').read())", "error", "outside the working"),
+    ("socket", "import socket\nsocket.create_connection(('1.1.1.1', 80), timeout=1)", "error", "socket"),
+    ("ctypes", "import ctypes\nctypes.CDLL(None).kill(0, 9)", "error", "ctypes"),
+    ("kill_parent", "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)", "error", "os.kill"),
+    ("killpg_all", "import os\nos.killpg(0, 9)", "error", "os.killpg"),
+    ("print_gigabytes", "import sys\nwhile True:\n    sys.stdout.write('x' * 1000000)", "output_limit", ""),
+    ("stderr_flood", "import sys\nwhile True:\n    sys.stderr.write('e' * 1000000)", "output_limit", ""),
+    ("exit_code", "raise SystemExit(7)", "error", ""),
+    ("recursion", "def f(n):\n    return f(n + 1)\nf(0)", "error", "RecursionError"),
+    ("syntax", "def (:", "error", "SyntaxError"),
+    ("close_stdout", "import os\nos.close(1)\nos.close(2)\nwhile True:\n    pass", "timeout", ""),
+    ("env_secrets", "import os\nprint(sorted(os.environ))", "ok", "PATH"),
+]
+
+
+@pytest.mark.parametrize("name,code,status,needle", HOSTILE, ids=[h[0] for h in HOSTILE])
+def test_hostile_program_is_contained(sandbox, outside, name, code, status, needle):
+    server = sandbox.server_pid
+    start = time.monotonic()
+    result = sandbox.run(code.format(outside=outside))
+    elapsed = time.monotonic() - start
+    assert elapsed <= TIMEOUT + sandbox.margin
+    assert result.status == status, (result.status, result.stderr[-300:])
+    assert needle in result.last_error_line + result.stdout
+    assert (outside / "sentinel.txt").read_text() == "untouched"
+    assert sorted(p.name for p in outside.iterdir()) == ["sentinel.txt"]
+    assert sandbox.server_pid == server and os.path.exists(f"/proc/{server}")  # parent survived
+    assert _children(server) == []  # nothing left running
+    assert len(result.stdout) <= sandbox.max_output and len(result.stderr) <= sandbox.max_output
+
+
+def test_secrets_are_not_inherited(sandbox, monkeypatch):
+    monkeypatch.setenv("ARL_TEST_SECRET", "hunter2")  # set after start: also check a fresh server
+    fresh = Sandbox(timeout=TIMEOUT, memory_mb=MEM_MB)
+    try:
+        out = fresh.run("import os\nprint(dict(os.environ))").stdout
+        assert "hunter2" not in out and "ARL_TEST_SECRET" not in out
+        assert "'HOME'" in out
+    finally:
+        fresh.close()
+
+
+def test_working_directory_is_fresh_and_removed(sandbox):
+    first = sandbox.run("import os\nopen('scratch.txt', 'w').write('x')\nprint(os.getcwd())")
+    second = sandbox.run("import os\nprint(os.getcwd(), os.listdir('.'))")
+    assert first.status == second.status == "ok"
+    workdir = first.stdout.strip()
+    assert not os.path.exists(workdir)
+    assert second.stdout.split()[1] == "[]"
+
+
+def test_file_size_limit(sandbox):
+    result = sandbox.run("open('big.bin', 'wb').write(b'0' * (64 << 20))")
+    assert result.status == "error" and "File too large" in result.last_error_line
+
+
+def test_server_death_is_reported_and_recovered():
+    box = Sandbox(timeout=TIMEOUT, memory_mb=MEM_MB)
+    try:
+        os.kill(box.layers and box.server_pid, 9)
+        result = box.run("print(1)")
+        assert result.status == "sandbox_error"
+        assert box.run("print(2)").stdout == "2\n"
+    finally:
+        box.close()
+
+
+# --- kernel layers alone (audit hook off): what holds if the Python layer is bypassed ---------------
+@pytest.fixture(scope="module")
+def raw_sandbox():
+    box = Sandbox(timeout=TIMEOUT, memory_mb=MEM_MB, audit_hook=False)
+    box.layers
+    yield box
+    box.close()
+
+
+def test_kernel_network_namespace(raw_sandbox):
+    if not raw_sandbox.layers["netns"]:
+        pytest.skip(f"network namespace unavailable: {raw_sandbox.layers['netns_error']}")
+    result = raw_sandbox.run("import socket\nsocket.create_connection(('1.1.1.1', 80), timeout=1)")
+    assert result.status == "error" and "unreachable" in result.last_error_line
+
+
+def test_kernel_process_limit(raw_sandbox):
+    if raw_sandbox.layers["rlimit_nproc"] != "enforced":
+        pytest.skip("RLIMIT_NPROC does not apply to root without a uid drop")
+    server = raw_sandbox.server_pid
+    result = raw_sandbox.run("import os\nwhile True:\n    os.fork()")
+    assert result.status == "error" and "BlockingIOError" in result.last_error_line
+    assert _children(server) == []
+
+
+def test_kernel_uid_drop_protects_host(raw_sandbox, outside):
+    if not raw_sandbox.layers["uid_drop"]:
+        pytest.skip("not running as root: no uid drop")
+    code = (f"import os\ntry:\n    os.kill({os.getpid()}, 9)\nexcept PermissionError:\n    print('kill denied')\n"
+            f"try:\n    open('{outside}/sentinel.txt', 'w')\nexcept PermissionError:\n    print('write denied')")
+    result = raw_sandbox.run(code)
+    assert result.stdout.split("\n")[:2] == ["kill denied", "write denied"]
+    assert (outside / "sentinel.txt").read_text() == "untouched"
+
+
+# --- the same containment through the env -------------------------------------------------------
+@pytest.mark.parametrize("code,needle", [
+    ("while True:\n    pass", "interpreter timeout"),
+    ("x = bytearray(10**11)", "memory limit"),
+    ("import os\nos.kill(os.getppid(), 9)", "os.kill is not allowed"),
+    ("print('y' * 10**7)", "output limit exceeded"),
+])
+def test_env_reports_hostile_code(sandbox, code, needle):
+    env = TIRMathEnv(sandbox=sandbox, timeout=TIMEOUT, memory_mb=MEM_MB)
+    env.reset(seed=0)
+    obs, reward, terminated, truncated, info = env.step(f"Let me try.\n```python\n{code}\n```")
+    assert obs.startswith("\nCode execution result: ") and needle in obs
+    assert len(obs) <= env.max_output_chars + 120
+    assert (reward, terminated, truncated) == (0.0, False, False) and info["action_is_valid"]
+    obs, *_ = env.step("```python\nprint(6 * 7)\n```")  # the tool still works afterwards
+    assert obs == "\nCode execution result: 42\n"
