@@ -70,7 +70,8 @@ def proportion_ci(successes: int, n: int, confidence: float = 0.95) -> Estimate:
     denom = 1 + z * z / n
     centre = (p + z * z / (2 * n)) / denom
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return Estimate(p, max(0.0, centre - half), min(1.0, centre + half), n)
+    # Mathematically low <= p <= high; the clamps also absorb rounding at p = 0 and p = 1.
+    return Estimate(p, min(p, max(0.0, centre - half)), max(p, min(1.0, centre + half)), n)
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

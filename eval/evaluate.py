@@ -1,0 +1,338 @@
+"""Evaluate a checkpoint on an env over N task seeds, beside the env's expert and a random policy.
+
+``python -m eval.evaluate --model PATH_OR_ID --env-id ARL/Sokoban-v0 --num-seeds 100
+[--decoding greedy sampled] [--samples 4] [--k 1 4] [--baselines expert random] [--out r.json]``
+
+Importable: ``evaluate_policy(env_id, policy, seeds)`` plays every episode through
+``wrappers.GroupRollout.run`` (one batched policy call per turn over all active
+episodes); ``policy`` is any ``list[messages] -> list[str]`` callable, e.g.
+``hf_policy(model, tokenizer)``, or ``"expert"`` / ``"random"`` for the baselines
+(the random policy picks uniformly among admissible actions; envs with an open action
+set, e.g. TIR-Math, report it as n/a).
+
+Intervals are 95 %: with one episode per seed, success uses a Wilson interval over
+episodes; with several samples per seed they are not independent, so every metric
+uses a Student-t interval over per-seed means. pass@k is the unbiased estimator over
+the samples of each seed. Default seeds are the held-out range the training scripts
+evaluate on (``EVAL_SEED_OFFSET`` + 0, 1, ...), disjoint from training task seeds.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Literal, Sequence
+
+import gymnasium as gym
+import numpy as np
+import tyro
+
+from eval.stats import Estimate, mean_ci, pass_at_k, proportion_ci
+
+#: First held-out task seed; the training scripts draw task seeds below it and evaluate from it.
+EVAL_SEED_OFFSET = 1_000_000_000
+DEFAULT_MAX_TURNS = 50
+
+Messages = list[dict[str, str]]
+Policy = Callable[[list[Messages]], list[str]]
+
+
+class EvalError(ValueError):
+    """Unknown env, unloadable model or inconsistent settings."""
+
+
+# --- policies --------------------------------------------------------------------------
+def hf_policy(model, tokenizer, greedy: bool = True, temperature: float = 1.0, top_p: float = 1.0,
+              top_k: int = 0, max_new_tokens: int = 256, max_prompt_tokens: int = 4096,
+              batch_size: int = 64, seed: int | None = None) -> Policy:
+    """Chat-template every prompt, left-pad, batched ``generate`` with KV cache, decode the new text.
+
+    Long prompts keep their last ``max_prompt_tokens`` tokens (the current state is at the end).
+    ``seed`` seeds torch once, so sampled evaluations are reproducible.
+    """
+    import torch
+    from transformers import GenerationConfig
+
+    if seed is not None:
+        torch.manual_seed(seed)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    config = GenerationConfig(
+        max_new_tokens=max_new_tokens, do_sample=not greedy, eos_token_id=tokenizer.eos_token_id, pad_token_id=pad,
+        **({} if greedy else {"temperature": temperature, "top_p": top_p, "top_k": top_k}),
+    )
+
+    @torch.no_grad()
+    def policy(batch: list[Messages]) -> list[str]:
+        model.eval()
+        device = next(model.parameters()).device
+        texts: list[str] = []
+        for start in range(0, len(batch), batch_size):
+            prompts = [list(tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=True,
+                                                          return_dict=True)["input_ids"])[-max_prompt_tokens:]
+                       for m in batch[start:start + batch_size]]
+            width = max(len(p) for p in prompts)
+            ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+            mask = torch.zeros((len(prompts), width), dtype=torch.long)
+            for row, p in enumerate(prompts):
+                ids[row, width - len(p):], mask[row, width - len(p):] = torch.tensor(p), 1
+            out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=config)
+            texts += tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)
+        return texts
+
+    return policy
+
+
+def _baseline(kind: str, rollout, rng: np.random.Generator) -> Policy:
+    """The expert or random-admissible policy, reading the state of each active env of ``rollout``."""
+    from wrappers import format_response
+
+    def choose(episode: int) -> str:
+        env = rollout.envs[episode].unwrapped
+        if kind == "expert":
+            return env.expert_action()
+        actions = env.admissible_actions()
+        return str(actions[rng.integers(len(actions))]) if actions else ""  # "" = an invalid action
+
+    return lambda batch: [format_response(choose(i)) for i in rollout.active()]
+
+
+# --- evaluation ------------------------------------------------------------------------
+@dataclass
+class EvalResult:
+    """Metrics of one policy on one env; ``available=False`` with a ``note`` for n/a baselines."""
+
+    name: str
+    env_id: str
+    num_seeds: int
+    samples_per_seed: int
+    available: bool = True
+    note: str = ""
+    success: Estimate | None = None
+    score: Estimate | None = None  # env return (no format penalty): the paper's "Score"
+    episode_return: Estimate | None = None  # training return, format penalties included
+    length: Estimate | None = None
+    valid_format: Estimate | None = None  # per-episode fraction of well-formed responses
+    valid_action: Estimate | None = None  # per-episode fraction of valid actions
+    pass_at_k: dict[int, float] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _interval(values_by_seed: dict[int, list[float]], per_seed: bool) -> Estimate:
+    if per_seed:
+        return mean_ci([float(np.mean(v)) for v in values_by_seed.values()])
+    return mean_ci([x for v in values_by_seed.values() for x in v])
+
+
+def summarize(name: str, env_id: str, episodes: Sequence, samples: int, k_values: Sequence[int] = (1,),
+              seconds: float = 0.0) -> EvalResult:
+    """Turn ``wrappers.EpisodeStats`` (``samples`` per task seed) into an ``EvalResult``."""
+    by_seed: dict[int, list] = defaultdict(list)
+    for ep in episodes:
+        by_seed[ep.task_seed].append(ep)
+    per_seed = samples > 1
+
+    def metric(fn) -> Estimate:
+        return _interval({s: [fn(ep) for ep in eps] for s, eps in by_seed.items()}, per_seed)
+
+    wins = [int(ep.won) for ep in episodes]
+    success = metric(lambda ep: float(ep.won)) if per_seed else proportion_ci(sum(wins), len(wins))
+    return EvalResult(
+        name=name, env_id=env_id, num_seeds=len(by_seed), samples_per_seed=samples, success=success,
+        score=metric(lambda ep: ep.env_return), episode_return=metric(lambda ep: ep.episode_return),
+        length=metric(lambda ep: ep.length),
+        valid_format=metric(lambda ep: ep.num_valid_format / max(ep.length, 1)),
+        valid_action=metric(lambda ep: ep.num_valid_action / max(ep.length, 1)),
+        pass_at_k={k: float(np.mean([pass_at_k(len(eps), sum(ep.won for ep in eps), k) for eps in by_seed.values()]))
+                   for k in k_values if k <= samples},
+        seconds=seconds,
+    )
+
+
+def evaluate_policy(env_id: str, policy: Policy | Literal["expert", "random"], seeds: Sequence[int], *,
+                    samples: int = 1, max_turns: int | None = None, k_values: Sequence[int] = (1,),
+                    name: str | None = None, env_kwargs: dict[str, Any] | None = None, history_length: int = 2,
+                    format_penalty: float = 0.1, prompt_style: str = "full", max_parallel: int = 256,
+                    policy_seed: int = 0, progress: bool = True) -> EvalResult:
+    """Play ``samples`` episodes per task seed with ``policy`` and summarise them.
+
+    Episodes run in chunks of at most ``max_parallel`` (bounds memory and batch size);
+    ``max_turns`` defaults to the env's registered step limit.
+    """
+    import wrappers
+    from tqdm.auto import tqdm
+
+    try:
+        spec = gym.spec(env_id)
+    except gym.error.Error as err:
+        raise EvalError(f"unknown env id {env_id!r}: {err}") from err
+    if samples < 1 or not seeds:
+        raise EvalError(f"need samples >= 1 and at least one seed, got samples={samples}, {len(seeds)} seeds")
+    max_turns = max_turns or spec.max_episode_steps or DEFAULT_MAX_TURNS
+    label = name or (policy if isinstance(policy, str) else "policy")
+    rng = np.random.default_rng(policy_seed)
+    env_fn = lambda: wrappers.make_env(env_id, history_length, format_penalty, prompt_style,  # noqa: E731
+                                       **(env_kwargs or {}))
+    per_chunk = max(1, max_parallel // samples)
+    episodes, start, rollout = [], time.perf_counter(), None
+    with tqdm(total=len(seeds) * samples, desc=f"{label} on {env_id}", unit="ep", disable=not progress) as bar:
+        for lo in range(0, len(seeds), per_chunk):
+            chunk = [int(s) for s in seeds[lo:lo + per_chunk]]
+            if rollout is None or rollout.num_groups != len(chunk):
+                rollout = wrappers.GroupRollout(env_fn, len(chunk), samples)
+            rollout.reset(chunk)
+            if isinstance(policy, str):
+                if policy == "random" and rollout.envs[0].unwrapped.admissible_actions() is None:
+                    return EvalResult(label, env_id, len(seeds), samples, available=False,
+                                      note="n/a: open action set (admissible_actions is None)")
+                act = _baseline(policy, rollout, rng)
+            else:
+                act = policy
+            done_before = bar.n
+
+            def tracked(batch: list[Messages]) -> list[str]:
+                bar.update(done_before + rollout.num_episodes - len(batch) - bar.n)
+                return act(batch)
+
+            rollout.run(tracked, max_turns)
+            bar.update(done_before + rollout.num_episodes - bar.n)
+            episodes += rollout.episodes()
+    return summarize(label, env_id, episodes, samples, k_values, time.perf_counter() - start)
+
+
+# --- output ----------------------------------------------------------------------------
+def _fmt(e: Estimate | None, scale: float = 1.0) -> str:
+    if e is None or math.isnan(e.mean):
+        return "-"
+    return f"{e.mean * scale:.3g} [{e.low * scale:.3g}, {e.high * scale:.3g}]"
+
+
+def format_results(results: Sequence[EvalResult]) -> str:
+    """A Markdown table, one row per policy (95 % intervals in brackets)."""
+    ks = sorted({k for r in results for k in r.pass_at_k})
+    header = ["policy", "episodes", "success %", "score", "return", "length", "valid format %", "valid action %",
+              *(f"pass@{k} %" for k in ks)]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for r in results:
+        if not r.available:
+            cells = [r.name, "-", r.note] + ["-"] * (len(header) - 3)
+        else:
+            cells = [r.name, str(r.num_seeds * r.samples_per_seed), _fmt(r.success, 100), _fmt(r.score),
+                     _fmt(r.episode_return), _fmt(r.length), _fmt(r.valid_format, 100), _fmt(r.valid_action, 100),
+                     *(f"{100 * r.pass_at_k[k]:.3g}" if k in r.pass_at_k else "-" for k in ks)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def load_model(spec: str, device: str = "auto"):
+    """(model, tokenizer) from a local folder, a hub id or an arena_models name ('tiny', 'smollm2')."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from arena_models import resolve_model_path
+
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    path = resolve_model_path(spec)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=torch.bfloat16 if device.startswith("cuda") else torch.float32)
+    except (OSError, ValueError) as err:
+        raise EvalError(f"cannot load model {spec!r}: {err}") from err
+    return model.to(device).eval(), tokenizer
+
+
+@dataclass
+class Args:
+    """Evaluate a checkpoint and the expert / random baselines on the same task seeds."""
+
+    env_id: str = "ARL/Sokoban-v0"
+    """registered env id"""
+    model: str | None = None
+    """HF folder or hub id ('tiny', 'smollm2' = offline models); omit to run only the baselines"""
+    num_seeds: int = 100
+    """task seeds (episodes per policy = num_seeds × samples)"""
+    seed_start: int = EVAL_SEED_OFFSET
+    """first task seed (default: the held-out range of the training scripts)"""
+    decoding: list[Literal["greedy", "sampled"]] = field(default_factory=lambda: ["greedy"])
+    samples: int = 4
+    """episodes per seed for sampled decoding and the random baseline (pass@k needs k <= samples)"""
+    k: list[int] = field(default_factory=lambda: [1])
+    """pass@k values"""
+    baselines: list[Literal["expert", "random"]] = field(default_factory=lambda: ["expert", "random"])
+    max_turns: int | None = None
+    """turn budget (default: the env's step limit)"""
+    max_new_tokens: int = 256
+    max_prompt_tokens: int = 4096
+    temperature: float = 0.6
+    """sampled decoding (ARLArena validation: T=0.6, top_p 0.95, top_k 20)"""
+    top_p: float = 0.95
+    top_k: int = 20
+    batch_size: int = 64
+    """prompts per generate call"""
+    history_length: int = 2
+    prompt_style: Literal["full", "compact"] = "full"
+    format_penalty: float = 0.1
+    split: str | None = None
+    """passed to the env as split=... (for envs with data splits)"""
+    env_kwargs: str = "{}"
+    """JSON object of extra env constructor arguments"""
+    seed: int = 0
+    """seed of sampling and of the random baseline"""
+    device: str = "auto"
+    out: Path | None = None
+    """write results JSON here (and the table next to it as .md)"""
+    progress: bool = True
+
+
+def main(args: Args) -> int:
+    try:
+        env_kwargs = json.loads(args.env_kwargs)
+        if not isinstance(env_kwargs, dict):
+            raise ValueError("not a JSON object")
+    except ValueError as err:
+        print(f"error: --env-kwargs: {err}", file=sys.stderr)
+        return 2
+    if args.split is not None:
+        env_kwargs["split"] = args.split
+    seeds = list(range(args.seed_start, args.seed_start + args.num_seeds))
+    common = dict(max_turns=args.max_turns, k_values=args.k, env_kwargs=env_kwargs, history_length=args.history_length,
+                  format_penalty=args.format_penalty, prompt_style=args.prompt_style, policy_seed=args.seed,
+                  progress=args.progress)
+    results: list[EvalResult] = []
+    try:
+        if args.model is not None:
+            model, tokenizer = load_model(args.model, args.device)
+            for decoding in args.decoding:
+                greedy = decoding == "greedy"
+                policy = hf_policy(model, tokenizer, greedy, args.temperature, args.top_p, args.top_k,
+                                   args.max_new_tokens, args.max_prompt_tokens, args.batch_size, args.seed)
+                results.append(evaluate_policy(args.env_id, policy, seeds, samples=1 if greedy else args.samples,
+                                               name=decoding, **common))
+        for kind in args.baselines:
+            results.append(evaluate_policy(args.env_id, kind, seeds, samples=1 if kind == "expert" else args.samples,
+                                           **common))
+    except EvalError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    table = format_results(results)
+    print(f"\n{args.env_id}, seeds {seeds[0]}..{seeds[-1]}, model {args.model}\n\n{table}")
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        record = {"env_id": args.env_id, "model": args.model, "seeds": seeds, "args": asdict(args),
+                  "results": [r.as_dict() for r in results]}
+        args.out.write_text(json.dumps(record, indent=2, default=str))
+        args.out.with_suffix(".md").write_text(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(tyro.cli(Args)))
