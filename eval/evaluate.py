@@ -235,9 +235,11 @@ def load_model(spec: str, device: str = "auto"):
     """(model, tokenizer) from a local folder, a hub id or an arena_models name ('tiny', 'smollm2')."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
     from arena_models import resolve_model_path
 
+    hf_logging.disable_progress_bar()  # keep the evaluation's own progress bar readable
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     path = resolve_model_path(spec)
