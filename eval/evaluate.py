@@ -68,6 +68,7 @@ def hf_policy(model, tokenizer, greedy: bool = True, temperature: float = 1.0, t
 
     @torch.no_grad()
     def policy(batch: list[Messages]) -> list[str]:
+        was_training = model.training  # a training script may call this mid-run
         model.eval()
         device = next(model.parameters()).device
         texts: list[str] = []
@@ -82,6 +83,7 @@ def hf_policy(model, tokenizer, greedy: bool = True, temperature: float = 1.0, t
                 ids[row, width - len(p):], mask[row, width - len(p):] = torch.tensor(p), 1
             out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=config)
             texts += tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)
+        model.train(was_training)
         return texts
 
     return policy

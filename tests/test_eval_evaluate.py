@@ -51,6 +51,7 @@ def test_expert_beats_random_on_the_same_seeds():
 
 def test_tiny_model_through_the_importable_api(tiny_model_dir):
     model, tokenizer = load_model(str(tiny_model_dir), "cpu")
+    model.train()
     calls = []
     policy = hf_policy(model, tokenizer, greedy=True, max_new_tokens=8)
 
@@ -62,6 +63,7 @@ def test_tiny_model_through_the_importable_api(tiny_model_dir):
     finite_estimates(result)
     assert calls and calls[0] == 3 and len(calls) <= 2  # one batched call per turn over active episodes
     assert result.length.mean <= 2 and result.pass_at_k == {1: result.success.mean}
+    assert model.training  # the policy leaves the model's mode as it found it
 
 
 def test_cli_writes_json_and_table(tiny_model_dir, tmp_path, capsys):
