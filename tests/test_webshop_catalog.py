@@ -70,6 +70,8 @@ def test_search_is_bm25_ranked_and_finds_targets():
     hits = cat.search(query)
     assert 0 < len(hits) <= 50
     scores = cat.bm25.get_scores(tokenize(query))
+    for terms in (tokenize(query), ["free", "free", "shampoo", "not-a-term"], [], ["zzzz"]):
+        assert np.array_equal(cat.scores(terms), cat.bm25.get_scores(terms))  # bit-identical to rank_bm25
     ranked = [scores[cat.products.index(p)] for p in hits]
     assert ranked == sorted(ranked, reverse=True) and min(ranked) > 0
     assert math.isclose(ranked[0], scores.max())

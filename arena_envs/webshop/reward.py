@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Mapping, Sequence
 
 from rapidfuzz import fuzz
@@ -37,6 +38,7 @@ _COLOR_ALIASES = {"gray": "grey", "light gray": "light grey", "dark gray": "dark
 _COLOR_RES = tuple((re.compile(rf"\b{re.escape(c)}\b"), c) for c in COLOR_NAMES)
 
 
+@lru_cache(maxsize=1 << 16)
 def normalize_color(value: str) -> str:
     """Map a colour description to its canonical colour name, else return it unchanged."""
     value = _COLOR_ALIASES.get(value, value)
