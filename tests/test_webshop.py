@@ -125,6 +125,19 @@ def test_page_flow_and_text_format():
     assert obs.startswith("WebShop [SEP]") and info["admissible_actions"] == [SEARCH_PATTERN]
 
 
+def test_arlarena_observation_format():
+    plain, arl = WebShopEnv(), WebShopEnv(obs_format="arlarena")
+    for a, b in zip(run_expert(plain, seed=SEED), run_expert(arl, seed=SEED)):
+        obs_a, obs_b = a[0], b[0]
+        if obs_a.startswith("Thank you"):
+            assert obs_b == obs_a
+        else:  # ARLArena's format_obs: the elements after the instruction, quoted
+            assert obs_b == SEP.join(f"'{x}'" for x in plain.anchor_key(obs_a).split(SEP))
+            assert arl.anchor_key(obs_b) == obs_b
+    with pytest.raises(ValueError, match="obs_format"):
+        WebShopEnv(obs_format="html")
+
+
 def test_reward_modes_and_terminal_state():
     arl, score_env = WebShopEnv(), WebShopEnv(reward_mode="score")
     for env in (arl, score_env):

@@ -10,6 +10,9 @@ Page flow and text follow WebShop's ``text`` observation mode, page elements joi
   Price: $… [SEP] Rating: … [SEP] Description [SEP] Features [SEP] Reviews [SEP] Buy Now``
 - description / features / reviews sub-pages (``< Prev`` returns to the item, options kept).
 
+``obs_format="arlarena"`` instead returns what ARLArena's prompt shows: the elements after
+the instruction, each in single quotes (``'Back to Search' [SEP] 'Page 1 (Total results: 50)' …``).
+
 Actions are ``search[<query>]`` (only on the search page; any non-empty query up to 1000
 characters) and ``click[<element>]`` with an element listed on the page (matched
 case-insensitively, like WebShop, which lower-cases the argument). Selecting options
@@ -47,6 +50,7 @@ WIN_REWARD = 10.0
 SUB_PAGES = ("description", "features", "reviews")
 SEARCH_PATTERN = "search[<your query>]"
 REWARD_MODES = ("arlarena", "score")
+OBS_FORMATS = ("webshop", "arlarena")
 SPLITS = ("train", "test", "all")
 
 _ACTION = re.compile(r"\s*(search|click)\[(.*)\]\s*", re.IGNORECASE | re.DOTALL)
@@ -91,18 +95,24 @@ class WebShopEnv(TextEnv):
         catalog_seed: seed of the synthetic catalogue and of price/budget draws.
         split: ``"train"``, ``"test"`` (first 500 goals) or ``"all"``.
         reward_mode: ``"arlarena"`` (+10 on a perfect purchase, else 0) or ``"score"``.
+        obs_format: ``"webshop"`` (the page text as WebShop returns it) or ``"arlarena"``
+            (what ARLArena shows the model: the elements after the instruction, each in
+            single quotes; the done page unchanged).
     """
 
     def __init__(self, data_path: str | os.PathLike | None = None, human_goals: bool = False,
                  num_products: int | None = None, catalog_seed: int = 0, split: str = "train",
-                 reward_mode: str = "arlarena", render_mode: str | None = None):
+                 reward_mode: str = "arlarena", obs_format: str = "webshop", render_mode: str | None = None):
         super().__init__(render_mode=render_mode)
         if reward_mode not in REWARD_MODES:
             raise ValueError(f"reward_mode must be one of {REWARD_MODES}, got {reward_mode!r}")
+        if obs_format not in OBS_FORMATS:
+            raise ValueError(f"obs_format must be one of {OBS_FORMATS}, got {obs_format!r}")
         if split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
         self.catalog = resolve_catalog(data_path, human_goals, num_products, catalog_seed)
         self.reward_mode = reward_mode
+        self.obs_format = obs_format
         self.split = split
         n_test = min(TEST_GOALS, len(self.catalog.goals) // 2)
         self.goal_indices = {"test": range(n_test), "train": range(n_test, len(self.catalog.goals)),
@@ -292,7 +302,10 @@ class WebShopEnv(TextEnv):
             else:
                 for r in p.reviews:
                     parts += [r.title, str(r.score), r.body]
-        return SEP.join(x for x in parts if x)
+        parts = [x for x in parts if x]
+        if self.obs_format == "arlarena" and page != "done":
+            parts = [f"'{x}'" for x in parts[parts.index("Instruction:") + 2:]]
+        return SEP.join(parts)
 
     def _info(self, valid: bool) -> dict[str, Any]:
         return {"action_is_valid": valid, "won": self._won(), "score": self._score, "page": self._page}
