@@ -437,6 +437,7 @@ class HFBackend:
         from transformers import GenerationConfig
 
         tok, device = self.tokenizer, next(self.model.parameters()).device
+        # top_k=0 disables top-k; None would inherit the model's generation_config (Qwen3: top_k=20)
         config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=not greedy, top_k=0,
                                   temperature=temperature if not greedy else 1.0, top_p=top_p if not greedy else 1.0,
                                   eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
