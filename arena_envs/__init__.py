@@ -20,6 +20,7 @@ _SPECS: dict[str, tuple[str, int, dict]] = {
     "ARL/TIRMath-v0": ("arena_envs.tirmath:TIRMathEnv", 5, {}),
     "ARL/WebShop-v0": ("arena_envs.webshop:WebShopEnv", 15, {}),
     "ARL/ALFWorld-v0": ("arena_envs.alfworld_env:ALFWorldEnv", 50, {}),
+    "ARL/ALFWorld-Unseen-v0": ("arena_envs.alfworld_env:ALFWorldEnv", 50, {"split": "valid_unseen"}),
     "ARL/TextWorld-v0": ("arena_envs.textworld_env:TextWorldEnv", 8, {}),
 }
 

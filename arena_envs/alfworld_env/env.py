@@ -1,0 +1,117 @@
+"""``ARL/ALFWorld-v0``: ALFWorld's text games on the real engine, synchronous and in-process."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from arena_envs.alfworld_env.engine import ExpertTracker, make_engine, planner_plan
+from arena_envs.alfworld_env.games import (
+    GENERATED_SPLITS,
+    OFFICIAL_SPLITS,
+    committed_games,
+    find_data_root,
+    official_games,
+    task_type_names,
+)
+from arena_envs.alfworld_env.generator import TASK_TYPES
+from arena_envs.base import TextEnv
+
+
+class ALFWorldEnv(TextEnv):
+    """ALFWorld household tasks; observations and admissible commands exactly as ALFWorld gives them.
+
+    Games come from the official ``json_2.1.1`` data when ``data_path`` (or ``$ALFWORLD_DATA``)
+    points at it, with the standard splits ``train`` / ``valid_seen`` / ``valid_unseen`` (also
+    ``eval_in_distribution`` / ``eval_out_of_distribution``); otherwise from the committed,
+    pre-validated generated sets (train floor plans for ``train``/``valid_seen``, held-out floor
+    plans for ``valid_unseen``). ``reset`` picks a game with ``self.np_random`` unless
+    ``options={"game": index}`` names one.
+
+    Any text is passed to the engine, which answers ``Nothing happens.`` to anything it cannot
+    execute; ``action_is_valid`` is whether the (stripped) text is an admissible command.
+    Reward is ``success_reward`` on the winning step (ARLArena: ``10 * won``), else 0.
+
+    ``expert="planner"``: ALFWorld's planner expert, computed on demand (the stored walkthrough
+    is used while the agent follows it). ``expert="handcoded"``: ALFWorld's handcoded expert,
+    which must observe every step (costs per step and needs the engine's facts).
+    """
+
+    def __init__(self, split: str = "train", data_path: str | None = None,
+                 task_types=tuple(TASK_TYPES), expert: str = "planner", success_reward: float = 10.0,
+                 cache_dir: str | None = None, render_mode: str | None = None):
+        super().__init__(render_mode=render_mode)
+        if expert not in ("planner", "handcoded"):
+            raise ValueError(f"expert must be 'planner' or 'handcoded', got {expert!r}")
+        names = task_type_names(task_types)
+        root = find_data_root(data_path)
+        if root is not None:
+            if split not in OFFICIAL_SPLITS:
+                raise ValueError(f"unknown split {split!r}; expected one of {sorted(OFFICIAL_SPLITS)}")
+            self.game_files = official_games(root, split, names)
+        else:
+            if split not in GENERATED_SPLITS:
+                raise ValueError(f"unknown split {split!r}; expected one of {sorted(GENERATED_SPLITS)}")
+            self.game_files = committed_games(split, names, Path(cache_dir) if cache_dir else None)
+        if not self.game_files:
+            raise FileNotFoundError(f"no ALFWorld games for split={split!r}, task_types={names}")
+        self.split, self.expert_type, self.success_reward = split, expert, float(success_reward)
+        self.official = root is not None
+        self._engine = make_engine(expert=expert == "handcoded")
+        self._tracker = ExpertTracker() if expert == "handcoded" else None
+        self._loaded: str | None = None
+        self._state = None
+        self._plan: list[str] = []
+        self._task = ""
+        self.gamefile = ""
+
+    # --- TextEnv hooks --------------------------------------------------------------
+    def _reset(self, options):
+        options = options or {}
+        index = options.get("game")
+        if index is None:
+            index = int(self.np_random.integers(len(self.game_files)))
+        self.gamefile = self.game_files[int(index) % len(self.game_files)]
+        if self._loaded != self.gamefile:  # re-parsing domain and grammar is the slow part of a reset
+            self._engine.load(self.gamefile)
+            self._loaded = self.gamefile
+        self._state = self._engine.reset()
+        obs = self._state["feedback"]
+        self._task = obs.rsplit("Your task is to: ", 1)[-1].strip().rstrip(".")
+        # our generated games store the validated planner plan; official walkthroughs may contain
+        # the random detours of alfworld-generate's solvability check, so those are replanned
+        generated_plan = self.expert_type == "planner" and not self.official
+        self._plan = list(self._engine.unwrapped.walkthrough or []) if generated_plan else []
+        if self._tracker is not None:
+            self._tracker.reset(self.gamefile, self._state, seed=int(self.np_random.integers(2**31)))
+        return obs, self._info(valid=True)
+
+    def _step(self, action: str):
+        if self._state is None:
+            raise RuntimeError("call reset() before step()")
+        command = action.strip()
+        valid = command in self._state["admissible_commands"]
+        self._state, _, done = self._engine.step(action)
+        if self._tracker is not None:
+            self._tracker.update(self._state, action)
+        self._plan = self._plan[1:] if (self._plan and self._plan[0] == command) else []
+        won = bool(self._state["won"])
+        return self._state["feedback"], self.success_reward * won, bool(done), False, self._info(valid)
+
+    def _info(self, valid: bool) -> dict[str, Any]:
+        return {"won": bool(self._state["won"]), "action_is_valid": valid, "gamefile": self.gamefile}
+
+    def task_description(self) -> str:
+        return self._task
+
+    def admissible_actions(self) -> list[str] | None:
+        return list(self._state["admissible_commands"]) if self._state is not None else None
+
+    def expert_action(self) -> str:
+        if self._state is None:
+            raise RuntimeError("call reset() before expert_action()")
+        if self._tracker is not None:
+            return self._tracker.next_action
+        if not self._plan:
+            self._plan = planner_plan(self._engine)
+        return self._plan[0] if self._plan else "look"

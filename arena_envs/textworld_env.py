@@ -1,0 +1,206 @@
+"""``ARL/TextWorld-v0``: games from TextWorld's own generators, played on TextWorld's engine.
+
+Games are made offline with ``textworld.challenges`` (``tw-simple``, ``tw-coin_collector``,
+``tw-treasure_hunter``, ``tw-cooking``) and compiled with the Inform7 tool chain that ships in
+the ``textworld`` wheel. A compiled game is cached on disk under a key of (kind, options, seed),
+so every later reset (in any process) only starts the interpreter.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from arena_envs.base import TextEnv
+
+#: Difficulty options per challenge (the ``tw-make <challenge>`` flags) and their defaults.
+CHALLENGE_DEFAULTS: dict[str, dict[str, Any]] = {
+    "tw-simple": {"rewards": "dense", "goal": "detailed", "test": False},
+    "tw-coin_collector": {"level": 5},
+    "tw-treasure_hunter": {"level": 5},
+    "tw-cooking": {"recipe": 1, "take": 1, "go": 1, "open": False, "cook": False, "cut": False,
+                   "drop": False, "recipe_seed": 0, "split": "train"},
+}
+MAX_GENERATION_ATTEMPTS = 20
+#: Observation for any text that is not an admissible command; the engine is not touched, so
+#: parser meta-commands (``restart``, ``undo``, ``quit``) can never change the game.
+INVALID_FEEDBACK = "Nothing happens."
+
+
+def default_cache_dir() -> Path:
+    root = os.environ.get("ARENA_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "arlarena")
+    return Path(root) / "textworld"
+
+
+def game_settings(kind: str, options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Full, validated settings for ``kind``: defaults overridden by ``options``."""
+    if kind not in CHALLENGE_DEFAULTS:
+        raise ValueError(f"unknown TextWorld challenge {kind!r}; expected one of {sorted(CHALLENGE_DEFAULTS)}")
+    unknown = set(options or {}) - set(CHALLENGE_DEFAULTS[kind])
+    if unknown:
+        raise ValueError(f"unknown options for {kind}: {sorted(unknown)}")
+    return {**CHALLENGE_DEFAULTS[kind], **(options or {})}
+
+
+def _attempt_seed(seed: int, attempt: int) -> int:
+    """Seed of generation attempt ``attempt`` (0 = the seed itself), deterministic and distinct."""
+    if attempt == 0:
+        return int(seed)
+    return int(np.random.SeedSequence([int(seed), attempt]).generate_state(1)[0] % (2**31 - 1))
+
+
+def cached_game(kind: str, options: dict[str, Any] | None, seed: int, cache_dir: str | Path | None = None) -> Path:
+    """Path of the compiled game (kind, options, seed), generating and caching it if needed.
+
+    A seed whose generation fails (e.g. ``QuestGenerationError``) retries with the next seed of
+    a fixed sequence, so the same key always yields the same game.
+    """
+    settings = game_settings(kind, options)
+    key = hashlib.sha1(json.dumps([kind, settings], sort_keys=True).encode()).hexdigest()[:12]
+    folder = Path(cache_dir or default_cache_dir()) / f"{kind}-{key}"
+    game_file = folder / f"seed{int(seed)}.z8"
+    if game_file.exists():
+        return game_file
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "settings.json").write_text(json.dumps({"kind": kind, "settings": settings}, sort_keys=True))
+
+    import textworld
+    from textworld.challenges import CHALLENGES
+
+    make = CHALLENGES[kind][1]
+    errors = []
+    for attempt in range(MAX_GENERATION_ATTEMPTS):
+        with tempfile.TemporaryDirectory(dir=folder) as tmp:
+            opts = textworld.GameOptions()
+            opts.seeds = _attempt_seed(seed, attempt)
+            opts.path = os.path.join(tmp, "game.z8")
+            opts.file_ext = ".z8"
+            opts.force_recompile = True
+            try:
+                game = make(dict(settings), opts)
+                compiled = textworld.generator.compile_game(game, opts)
+            except Exception as e:  # generators raise several error types for an unlucky seed
+                errors.append(f"{type(e).__name__}: {e}")
+                continue
+            # json first, z8 last: the z8 file's presence marks a complete cache entry
+            os.replace(os.path.splitext(compiled)[0] + ".json", folder / f"seed{int(seed)}.json")
+            shutil.move(compiled, str(folder / f"seed{int(seed)}.z8.tmp"))
+            os.replace(folder / f"seed{int(seed)}.z8.tmp", game_file)
+            return game_file
+    raise RuntimeError(f"{kind} seed {seed}: generation failed {MAX_GENERATION_ATTEMPTS} times: {errors[-3:]}")
+
+
+def _normalize(command: str) -> str:
+    # Inform7's parser ignores case and repeated blanks, so the admissible check does too
+    return " ".join(command.lower().split())
+
+
+class TextWorldEnv(TextEnv):
+    """A TextWorld challenge as a text env.
+
+    ``reset`` plays game ``options["game"]`` if given, else one of ``num_games`` games drawn
+    with ``self.np_random``; game ``i`` is generated from seed ``seed_offset + i``.
+    Rewards: ``"dense"`` = change of TextWorld's cumulative score on every turn; ``"sparse"`` =
+    the final score on the step that ends the game (won or lost), 0 before. With
+    ``normalize=True`` rewards are divided by the game's max score (an episode sums to ≤ 1, as
+    in the Practitioner's Guide). ``expert_action`` follows the game's walkthrough and falls
+    back to TextWorld's own expert (``policy_commands``) once the agent deviates.
+    """
+
+    def __init__(self, kind: str = "tw-cooking", game_options: dict[str, Any] | None = None,
+                 num_games: int = 100, seed_offset: int = 0, rewards: str = "dense", normalize: bool = False,
+                 cache_dir: str | None = None, render_mode: str | None = None):
+        super().__init__(render_mode=render_mode)
+        if rewards not in ("dense", "sparse"):
+            raise ValueError(f"rewards must be 'dense' or 'sparse', got {rewards!r}")
+        if num_games < 1:
+            raise ValueError("num_games must be >= 1")
+        self.kind, self.settings = kind, game_settings(kind, game_options)
+        self.num_games, self.seed_offset = int(num_games), int(seed_offset)
+        self.rewards, self.normalize = rewards, bool(normalize)
+        self.cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
+        self._env = None
+        self._loaded: Path | None = None
+        self._state = None
+        self._plan: list[str] = []
+        self._score = 0
+        self._done = False
+        self.game_file: Path | None = None
+
+    def _start(self, path: Path) -> None:
+        import textworld
+
+        if self._env is not None:
+            self._env.close()
+        infos = textworld.EnvInfos(admissible_commands=True, objective=True, won=True, lost=True, score=True,
+                                   max_score=True, policy_commands=True, extras=["walkthrough"])
+        with warnings.catch_warnings():  # jericho only knows commercial games; TextWorld tracks the score itself
+            warnings.filterwarnings("ignore", message=".*is not fully supported.*")
+            self._env = textworld.start(str(path), request_infos=infos)
+        self._loaded = path
+
+    # --- TextEnv hooks --------------------------------------------------------------
+    def _reset(self, options):
+        options = options or {}
+        index = options.get("game")
+        if index is None:
+            index = int(self.np_random.integers(self.num_games))
+        self.game_file = cached_game(self.kind, self.settings, self.seed_offset + int(index), self.cache_dir)
+        if self._loaded != self.game_file:
+            self._start(self.game_file)
+        self._state = self._env.reset()
+        self._plan = list(self._state.get("extra.walkthrough") or [])
+        self._score, self._done = 0, False
+        return self._state["feedback"], self._info(valid=True, score=0)
+
+    def _step(self, action: str):
+        if self._state is None:
+            raise RuntimeError("call reset() before step()")
+        command = _normalize(action)
+        valid = not self._done and command in self._state["admissible_commands"]
+        if not valid:
+            return INVALID_FEEDBACK, 0.0, self._done, False, self._info(valid=False, score=self._score)
+        self._state, score, done = self._env.step(command)
+        self._plan = self._plan[1:] if (self._plan and _normalize(self._plan[0]) == command) else []
+        delta, self._score = score - self._score, score
+        self._done = bool(done)
+        if self.rewards == "dense":
+            reward = float(delta)
+        else:
+            reward = float(score) if self._done else 0.0
+        if self.normalize:
+            reward /= max(1, self._state["max_score"])
+        return self._state["feedback"], reward, self._done, False, self._info(valid=True, score=score)
+
+    def _info(self, valid: bool, score: int) -> dict[str, Any]:
+        return {"won": bool(self._state["won"]), "action_is_valid": valid, "score": int(score),
+                "max_score": int(self._state["max_score"]), "lost": bool(self._state["lost"])}
+
+    def task_description(self) -> str:
+        return self._state["objective"] if self._state is not None else ""
+
+    def admissible_actions(self) -> list[str] | None:
+        return list(self._state["admissible_commands"]) if self._state is not None else None
+
+    def expert_action(self) -> str:
+        if self._state is None:
+            raise RuntimeError("call reset() before expert_action()")
+        if self._plan:
+            return self._plan[0]
+        policy = self._state.get("policy_commands") or []
+        return policy[0] if policy else "look"
+
+    def close(self):
+        if self._env is not None:
+            self._env.close()
+            self._env = None
+            self._loaded = None
+        super().close()

@@ -1,0 +1,239 @@
+"""ALFWorld on the real engine: contract, determinism, experts, generated and official data."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+pytest.importorskip("alfworld", reason="ALFWorld needs the [alfworld] extra")
+
+import gymnasium as gym  # noqa: E402
+from gymnasium.utils.env_checker import check_env  # noqa: E402
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+import arena_envs  # noqa: E402,F401
+from arena_envs.alfworld_env import ALFWorldEnv  # noqa: E402
+from arena_envs.alfworld_env.games import read_committed, write_trial  # noqa: E402
+from arena_envs.alfworld_env.generator import TASK_TYPES, floor_plans, generate, load_scene  # noqa: E402
+
+MAX_STEPS = 50
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("alfworld-cache"))
+
+
+@pytest.fixture(scope="module")
+def env(cache):
+    e = ALFWorldEnv(split="train", cache_dir=cache)
+    yield e
+    e.close()
+
+
+def first_game_per_task(env):
+    """Index of the first game of each task type in ``env.game_files``."""
+    seen = {}
+    for i, f in enumerate(env.game_files):
+        with open(os.path.join(os.path.dirname(f), "traj_data.json")) as fh:
+            seen.setdefault(json.load(fh)["task_type"], i)
+    return seen
+
+
+def play_expert(env, index, first_action=None):
+    obs, info = env.reset(seed=0, options={"game": index})
+    assert not info["won"], "goal already true at the start"
+    if first_action is not None:
+        env.step(first_action)
+    for t in range(MAX_STEPS):
+        obs, reward, terminated, truncated, info = env.step(env.expert_action())
+        assert info["action_is_valid"]
+        if terminated:
+            assert info["won"] and reward == 10.0
+            return t + 1
+    pytest.fail(f"expert did not win {env.gamefile} in {MAX_STEPS} steps")
+
+
+def test_check_env(env):
+    check_env(env, skip_render_check=True)
+
+
+def test_registered_ids_make_real_games():
+    for env_id in ("ARL/ALFWorld-v0", "ARL/ALFWorld-Unseen-v0"):
+        e = gym.make(env_id)
+        assert e.spec.max_episode_steps == MAX_STEPS
+        obs, info = e.reset(seed=3)
+        assert obs.startswith("-= Welcome to TextWorld, ALFRED! =-")
+        assert f"Your task is to: {info['task']}." in obs
+        assert "look" in info["admissible_actions"] and any(a.startswith("go to ") for a in info["admissible_actions"])
+        e.close()
+
+
+def test_committed_splits_cover_all_task_types_and_keep_floor_plans_apart():
+    scenes = {}
+    for split in ("train", "valid_seen", "valid_unseen"):
+        recs = read_committed(split)
+        assert {r["traj_data"]["task_type"] for r in recs} == set(TASK_TYPES.values())
+        assert all(0 < len(r["walkthrough"]) <= MAX_STEPS for r in recs)
+        scenes[split] = {r["traj_data"]["scene"]["scene_num"] for r in recs}
+    assert scenes["train"] | scenes["valid_seen"] <= set(floor_plans("train"))
+    assert scenes["valid_unseen"] <= set(floor_plans("unseen"))
+    assert not set(floor_plans("train")) & set(floor_plans("unseen"))
+    problems = [r["problem"] for s in ("train", "valid_seen") for r in read_committed(s)]
+    assert len(set(problems)) == len(problems), "valid_seen repeats a train game"
+
+
+@pytest.mark.parametrize("split", ["train", "valid_unseen"])
+def test_expert_wins_one_game_per_task_type(split, cache):
+    e = ALFWorldEnv(split=split, cache_dir=cache)
+    per_task = first_game_per_task(e)
+    assert set(per_task) == set(TASK_TYPES.values())
+    for index in per_task.values():
+        play_expert(e, index)
+
+
+def test_planner_replans_after_the_agent_deviates(env):
+    index = first_game_per_task(env)["pick_heat_then_place_in_recep"]
+    obs, info = env.reset(seed=0, options={"game": index})
+    detour = next(a for a in info["admissible_actions"] if a.startswith("go to ") and a != env.expert_action())
+    assert play_expert(env, index, first_action=detour) >= 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("split", ["train", "valid_seen", "valid_unseen"])
+def test_expert_wins_every_committed_game(split, cache):
+    e = ALFWorldEnv(split=split, cache_dir=cache)
+    for index in range(len(e.game_files)):
+        play_expert(e, index)
+
+
+def test_handcoded_expert_follows_the_episode(cache):
+    e = ALFWorldEnv(split="train", task_types=[1], expert="handcoded", cache_dir=cache)
+    obs, info = e.reset(seed=1, options={"game": 0})
+    for _ in range(MAX_STEPS):
+        action = e.expert_action()
+        assert action in info["admissible_actions"]
+        obs, reward, terminated, truncated, info = e.step(action)
+        if terminated:
+            break
+    assert info["won"]
+
+
+def trace(env, seed, n=6):
+    obs, info = env.reset(seed=seed)
+    out = [obs, info["task"], info["gamefile"]]
+    for t in range(n):
+        acts = env.admissible_actions()
+        action = env.expert_action() if t % 2 else acts[int(env.np_random.integers(len(acts)))]
+        obs, r, term, trunc, info = env.step(action)
+        out += [action, obs, r, term, info["won"], info["admissible_actions"]]
+    return out
+
+
+def test_seeded_runs_are_identical(cache):
+    a = ALFWorldEnv(split="valid_unseen", cache_dir=cache)
+    b = ALFWorldEnv(split="valid_unseen", cache_dir=cache)
+    assert trace(a, 11) == trace(b, 11)
+
+
+def test_generator_is_deterministic_and_never_starts_in_a_goal_state(tmp_path, env):
+    engine = env._engine
+    for i, task_type in enumerate(TASK_TYPES.values()):
+        scene = [1, 201, 1, 1, 1, 301][i]
+        game = generate(scene, task_type, seed=5)
+        assert game == generate(scene, task_type, seed=5)
+        problem, traj = game
+        assert traj["task_type"] == task_type and not traj["pddl_params"]["object_sliced"]
+        path = write_trial(tmp_path / task_type, problem, traj, None)
+        engine.load(str(path))
+        state = engine.reset()
+        assert not state["won"]
+        assert traj["scene"]["floor_plan"] == f"FloorPlan{scene}"
+    env._loaded = None  # the shared engine now holds another game
+
+
+def test_scene_without_the_needed_appliance_yields_no_game():
+    bathroom = next(n for n in floor_plans("train") if n > 400 and "Microwave" not in load_scene(n).receptacle_types)
+    assert generate(bathroom, "pick_heat_then_place_in_recep", seed=0) is None
+
+
+def test_invalid_actions_are_engine_no_ops(env):
+    obs, info = env.reset(seed=2)
+    before = (env.admissible_actions(), env.expert_action())
+    for action in ["", "   ", "GO TO FRIDGE 1", "open the pod bay doors", "x" * 10_000]:
+        obs, reward, terminated, truncated, info = env.step(action)
+        assert obs == "Nothing happens." and not info["action_is_valid"] and reward == 0.0 and not terminated
+    assert (env.admissible_actions(), env.expert_action()) == before
+    obs, reward, terminated, truncated, info = env.step("  " + before[1] + " \n")
+    assert info["action_is_valid"]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=st.text(max_size=200))
+def test_arbitrary_text_never_raises(env, text):
+    if env._state is None:
+        env.reset(seed=0)
+    admissible = env.admissible_actions()
+    obs, reward, terminated, truncated, info = env.step(text)
+    assert isinstance(obs, str) and isinstance(reward, float)
+    assert info["action_is_valid"] == (text.strip() in admissible)
+    if not info["action_is_valid"]:
+        assert obs == "Nothing happens." and env.admissible_actions() == admissible
+    if terminated:
+        env.reset(seed=0)
+
+
+# --- official data layout -------------------------------------------------------------
+@pytest.fixture(scope="module")
+def official_root(tmp_path_factory):
+    """A tiny ``json_2.1.1`` tree in the official layout, written from committed games."""
+    root = tmp_path_factory.mktemp("alfworld-data") / "json_2.1.1"
+    for split, source in (("train", "train"), ("valid_seen", "valid_seen"), ("valid_unseen", "valid_unseen")):
+        recs = read_committed(source)
+        for rec in [recs[0], recs[-1]]:
+            td = rec["traj_data"]
+            task_dir = f"{td['task_type']}-{td['pddl_params']['object_target']}-None-{td['scene']['scene_num']}"
+            write_trial(root / split / task_dir / td["task_id"], rec["problem"], td, rec["walkthrough"])
+    # games AlfredTWEnv skips: movable-receptacle and sliced trials, unsolvable games
+    rec = read_committed("train")[1]
+    for name in ("pick_and_place_with_movable_recep-X", "pick_and_place_simple-AppleSliced-X"):
+        write_trial(root / "train" / name / "trial_x", rec["problem"], rec["traj_data"], rec["walkthrough"])
+    write_trial(root / "train" / "unsolvable" / "trial_u", rec["problem"], rec["traj_data"], None)
+    return root
+
+
+def test_official_layout_selects_games_like_alfredtwenv(official_root):
+    from alfworld.agents.environment.alfred_tw_env import AlfredTWEnv
+
+    config = {"env": {"goal_desc_human_anns_prob": 0, "task_types": list(TASK_TYPES)},
+              "dataset": {"data_path": str(official_root / "train"),
+                          "eval_id_data_path": str(official_root / "valid_seen"),
+                          "eval_ood_data_path": str(official_root / "valid_unseen"),
+                          "num_train_games": -1, "num_eval_games": -1}}
+    for split, train_eval in (("train", "train"), ("valid_seen", "eval_in_distribution"),
+                              ("valid_unseen", "eval_out_of_distribution")):
+        ours = ALFWorldEnv(split=split, data_path=str(official_root.parent))
+        theirs = AlfredTWEnv(config, train_eval=train_eval)
+        assert ours.official and ours.game_files == sorted(theirs.game_files)
+        assert len(ours.game_files) == 2
+
+
+def test_official_data_from_environment_variable(official_root, monkeypatch):
+    monkeypatch.setenv("ALFWORLD_DATA", str(official_root.parent))
+    e = ALFWorldEnv(split="eval_out_of_distribution")
+    assert e.official and all("/valid_unseen/" in f for f in e.game_files)
+    play_expert(e, 0)
+
+
+def test_bad_arguments_fail_clearly(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        ALFWorldEnv(data_path=str(tmp_path))
+    with pytest.raises(ValueError):
+        ALFWorldEnv(split="test")
+    with pytest.raises(ValueError):
+        ALFWorldEnv(task_types=[9])
+    with pytest.raises(ValueError):
+        ALFWorldEnv(expert="oracle")
