@@ -1,0 +1,79 @@
+"""Every algos/*.py copy equals grpo.py outside its ``# ALGO LOGIC`` blocks.
+
+A fix to the shared loop must reach every copy: this test fails, with a diff, when one is missed.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import re
+from pathlib import Path
+
+import pytest
+
+ALGOS = Path(__file__).resolve().parents[1] / "algos"
+METHODS = ["gspo", "sapo", "cispo", "gigpo", "empg", "dapo", "sampo", "rloo", "ppo"]
+START = re.compile(r"^\s*# ALGO LOGIC:")
+END = re.compile(r"^\s*# END ALGO LOGIC\s*$")
+
+
+def split_blocks(text: str) -> tuple[list[str], list[str]]:
+    """-> (the n+1 stretches of text outside the blocks, the n block bodies); marker lines belong to neither."""
+    outside, blocks, current, inside = [], [], [], False
+    for number, line in enumerate(text.splitlines(keepends=True), start=1):
+        if START.match(line):
+            assert not inside, f"line {number}: ALGO LOGIC block opened inside another"
+            outside.append("".join(current))
+            current, inside = [], True
+        elif END.match(line):
+            assert inside, f"line {number}: END ALGO LOGIC without an open block"
+            blocks.append("".join(current))
+            current, inside = [], False
+        else:
+            current.append(line)
+    assert not inside, "unterminated ALGO LOGIC block"
+    outside.append("".join(current))
+    return outside, blocks
+
+
+def scripts_with_blocks() -> list[str]:
+    """Every algos/*.py with ALGO LOGIC blocks except grpo.py, so that new copies are checked as well."""
+    return sorted(p.stem for p in ALGOS.glob("*.py") if p.name != "grpo.py" and "# ALGO LOGIC:" in p.read_text())
+
+
+GRPO_OUTSIDE, GRPO_BLOCKS = split_blocks((ALGOS / "grpo.py").read_text())
+
+
+def test_grpo_blocks_well_formed_and_all_methods_present():
+    assert len(GRPO_BLOCKS) >= 7
+    assert set(METHODS) <= set(scripts_with_blocks())
+
+
+@pytest.mark.parametrize("name", sorted(set(METHODS) | set(scripts_with_blocks())))
+def test_copy_equals_grpo_outside_blocks(name):
+    text = (ALGOS / f"{name}.py").read_text()
+    outside, blocks = split_blocks(text)
+    assert len(blocks) == len(GRPO_BLOCKS), f"{name}.py has {len(blocks)} ALGO LOGIC blocks, grpo.py {len(GRPO_BLOCKS)}"
+    for k, (mine, reference) in enumerate(zip(outside, GRPO_OUTSIDE)):
+        if mine != reference:
+            where = "before block 1" if k == 0 else f"after block {k}"
+            diff = "".join(difflib.unified_diff(reference.splitlines(True), mine.splitlines(True), "grpo.py",
+                                                f"{name}.py", n=2))
+            pytest.fail(f"{name}.py differs from grpo.py outside the ALGO LOGIC blocks ({where}):\n{diff[:4000]}")
+
+
+@pytest.mark.parametrize("name", ["grpo", *METHODS])
+def test_block_one_is_the_module_docstring(name):
+    text = (ALGOS / f"{name}.py").read_text()
+    assert START.match(text.splitlines()[0]), "the first line must open the docstring block"
+    outside, blocks = split_blocks(text)
+    docstring = ast.get_docstring(ast.parse(text), clean=False)
+    assert docstring and docstring in blocks[0]
+    assert f"algos/{name}.py" in docstring  # its own usage line, not grpo's
+
+
+def test_split_blocks_rejects_malformed_markers():
+    for bad in ["# ALGO LOGIC: a\n# ALGO LOGIC: b\n# END ALGO LOGIC\n", "# END ALGO LOGIC\n", "# ALGO LOGIC: a\nx\n"]:
+        with pytest.raises(AssertionError):
+            split_blocks(bad)
