@@ -21,6 +21,10 @@ from arena_envs.alfworld_env.generator import TASK_TYPES, floor_plans, generate,
 
 MAX_STEPS = 50
 
+#: The full expert validation takes minutes; run it with ARENA_FULL_VALIDATION=1.
+FULL_VALIDATION = pytest.mark.skipif(not os.environ.get("ARENA_FULL_VALIDATION"),
+                                     reason="set ARENA_FULL_VALIDATION=1 for the full expert validation")
+
 
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory):
@@ -102,7 +106,7 @@ def test_planner_replans_after_the_agent_deviates(env):
     assert play_expert(env, index, first_action=detour) >= 1
 
 
-@pytest.mark.slow
+@FULL_VALIDATION
 @pytest.mark.parametrize("split", ["train", "valid_seen", "valid_unseen"])
 def test_expert_wins_every_committed_game(split, cache):
     e = ALFWorldEnv(split=split, cache_dir=cache)

@@ -5,6 +5,8 @@
 
 Every game is kept only if ALFWorld's planner finds a plan from the initial state (which is
 never already a goal state) and replaying that plan in the engine wins within ``max_steps``.
+The planner runs in a child process stopped after ``PLANNER_TIMEOUT_S`` (a guard against
+pathological searches; with the generator's capped distractors plans take 0.01-5 s).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import multiprocessing as mp
 import tempfile
 import time
 from pathlib import Path
@@ -24,7 +27,8 @@ from arena_envs.alfworld_env.generator import TASK_TYPES, floor_plans, generate
 
 #: split -> (floor plans, seed offset); valid_seen reuses train floor plans with other seeds.
 SPLITS = {"train": ("train", 0), "valid_seen": ("train", 1_000_000), "valid_unseen": ("unseen", 2_000_000)}
-COMMITTED_PER_TASK = {"train": 16, "valid_seen": 3, "valid_unseen": 6}
+COMMITTED_PER_TASK = {"train": 12, "valid_seen": 3, "valid_unseen": 6}
+PLANNER_TIMEOUT_S = 60.0
 
 
 def validate(game_file: str, engine, max_steps: int = 50) -> list[str] | None:
@@ -43,11 +47,29 @@ def validate(game_file: str, engine, max_steps: int = 50) -> list[str] | None:
     return plan if state["won"] else None
 
 
+def _validate_child(game_file: str, queue) -> None:
+    queue.put(validate(game_file, make_engine(expert=False)))
+
+
+def validate_bounded(game_file: str, timeout_s: float = PLANNER_TIMEOUT_S) -> list[str] | None:
+    """``validate`` in a child process; ``None`` if it does not finish within ``timeout_s``."""
+    ctx = mp.get_context("fork")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_validate_child, args=(game_file, queue), daemon=True)
+    proc.start()
+    try:
+        return queue.get(timeout=timeout_s)
+    except Exception:  # queue.Empty: the planner is still searching
+        return None
+    finally:
+        proc.kill()
+        proc.join()
+
+
 def build_split(split: str, per_task: int, task_types=None, log=print):
     """Yield (problem, traj_data, walkthrough) for ``per_task`` validated games per task type."""
     scenes_name, offset = SPLITS[split]
     scenes = floor_plans(scenes_name)
-    engine = make_engine(expert=False)
     logic = game_logic()
     with tempfile.TemporaryDirectory() as tmp:
         for ti, task_type in enumerate(task_types or TASK_TYPES.values()):
@@ -61,7 +83,7 @@ def build_split(split: str, per_task: int, task_types=None, log=print):
                 problem, traj_data = game
                 t0 = time.time()
                 path = write_trial(Path(tmp) / f"{task_type}_{seed}", problem, traj_data, None, logic)
-                plan = validate(str(path), engine)
+                plan = validate_bounded(str(path))
                 log(f"{split} {task_type} seed={seed} FloorPlan{scene}: "
                     f"{'ok' if plan else 'rejected'} ({len(plan or [])} steps, {time.time() - t0:.1f}s)")
                 if plan:

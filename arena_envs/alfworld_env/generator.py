@@ -241,7 +241,8 @@ def _problem(scene: Scene, placed, start, traj_data) -> str:
     init = [f"(receptacleType {rid} {rt}Type)" for rid, rt, _ in scene.receptacles]
     init += [f"(objectType {oid} {t}Type)" for oid, t, _ in placed]
     for rt in sorted(scene.receptacle_types):
-        init += [f"(canContain {rt}Type {t}Type)" for t in sorted(c.VAL_RECEPTACLE_OBJECTS.get(rt, ())) if t in present_types]
+        holds = sorted(t for t in c.VAL_RECEPTACLE_OBJECTS.get(rt, ()) if t in present_types)
+        init += [f"(canContain {rt}Type {t}Type)" for t in holds]
     init += [f"(pickupable {oid})" for oid, t, _ in placed if t not in va["Toggleable"]]
     init += [f"(isReceptacleObject {oid})" for oid, t, _ in placed if t in c.MOVABLE_RECEPTACLES_SET]
     init += [f"(openable {rid})" for rid, rt, _ in scene.receptacles if rt in c.OPENABLE_CLASS_SET]
@@ -258,5 +259,6 @@ def _problem(scene: Scene, placed, start, traj_data) -> str:
         obj=pp["object_target"], recep=pp["parent_target"], toggle=pp["toggle_target"], mrecep=pp["mrecep_target"])
     sep = "\n        "
     head = f"\n(define (problem plan_{traj_data['task_id']})\n(:domain alfred)\n(:objects\n"
-    text = head + sep.join(objects) + "\n        )\n    \n(:init\n" + sep + sep.join(init) + "\n        )\n    \n" + goal
+    text = (head + sep.join(objects) + "\n        )\n    \n(:init\n" + sep + sep.join(init)
+            + "\n        )\n    \n" + goal)
     return mangle(text)

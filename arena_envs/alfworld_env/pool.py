@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import traceback
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 from arena_envs.base import INFO_KEYS
 
@@ -149,23 +149,3 @@ class EnvPool:
     def __exit__(self, *exc):
         self.close()
 
-
-def run_batch(pool: EnvPool, policy, seeds: Sequence[int], max_steps: int) -> list[dict]:
-    """Play one episode per slot with ``policy(i) -> action`` (rollout helper for benchmarks)."""
-    stats = []
-    for i, seed in enumerate(seeds):
-        pool.reset(i, seed=seed)
-        stats.append({"return": 0.0, "length": 0, "won": False, "crashed": False})
-    active = set(range(len(seeds)))
-    for _ in range(max_steps):
-        if not active:
-            break
-        results = pool.step({i: policy(i) for i in sorted(active)})
-        for i, (_, r, term, trunc, info) in results.items():
-            stats[i]["return"] += r
-            stats[i]["length"] += 1
-            stats[i]["won"] = info["won"]
-            stats[i]["crashed"] = bool(info.get("worker_crashed"))
-            if term or trunc:
-                active.discard(i)
-    return stats
