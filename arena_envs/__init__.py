@@ -16,6 +16,8 @@ __all__ = ["CHARSET", "INFO_KEYS", "TextEnv", "text_space", "ENV_IDS"]
 _SPECS: dict[str, tuple[str, int, dict]] = {
     "ARL/Sokoban-v0": ("arena_envs.sokoban:SokobanEnv", 15, {}),
     "ARL/Sokoban-Deep-v0": ("arena_envs.sokoban:SokobanEnv", 15, {"min_solution_length": 7}),
+    "ARL/Sokoban-Mini-v0": ("arena_envs.sokoban:SokobanEnv", 10, {"min_solution_length": 3, "max_solution_length": 10,
+                                                                   "render_style": "spaced"}),
     "ARL/Sokoban-8x8-v0": ("arena_envs.sokoban:SokobanEnv", 30, {"dim_room": (8, 8), "num_boxes": 2, "max_solution_length": 30}),
     "ARL/TIRMath-v0": ("arena_envs.tirmath:TIRMathEnv", 5, {}),
     "ARL/WebShop-v0": ("arena_envs.webshop:WebShopEnv", 15, {}),

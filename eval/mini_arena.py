@@ -1,0 +1,421 @@
+"""Mini-arena: the whole ARLArena recipe on a CPU in minutes — ``python -m eval.mini_arena``.
+
+Stages, per pipeline seed:
+
+1. **model** — a fresh tiny Qwen3 whose BPE tokenizer is trained on the env's prompts (``--profile
+   tiny``), or the converted SmolLM2-135M-Instruct (``--profile smollm2``);
+2. **BC** — behaviour cloning on the env expert's labels of the states a noisy expert visits
+   (``algos/sft.py``'s data and loss), evaluated greedily on validation seeds every few steps and
+   **stopped as soon as validation success reaches ``--bc-target``**: RL needs groups of mixed outcome,
+   and a tiny model's BC is a phase transition, so a step budget would land at a random point of it;
+3. **RL** — ``algos/<rl-script>.py`` (SAMPO by default) from the BC checkpoint, as a subprocess with the
+   profile's flags, logging its held-out greedy success every ``--rl-eval-every`` iterations;
+4. **evaluation** — BC start and RL result greedy on the SAME held-out seeds (``eval.evaluate``,
+   Wilson 95 % intervals), beside the env's random and expert policies;
+5. **report** — ``report.md`` (table, per-seed numbers, mean over seeds with a Student-t interval,
+   stage timings) and ``learning_curve.png``; everything also in ``results.json``.
+
+Everything derives from the seeds: the same ``--seeds`` give the same models and numbers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import random
+import resource
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from eval.evaluate import EVAL_SEED_OFFSET, EvalResult, evaluate_policy, format_results, hf_policy
+from eval.stats import mean_ci
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: Values for the ``Args`` fields left unset (None). See the README section "Mini-arena: the CPU default".
+PROFILES: dict[str, dict[str, Any]] = {
+    "tiny": dict(env_id="ARL/Sokoban-Mini-v0", model="tiny", tiny_size="xs", bc_episodes=1500, bc_max_steps=1000,
+                 bc_batch_size=64, bc_learning_rate=1e-3, bc_target=0.45, bc_eval_every=25, bc_eval_start=250, bc_eval_episodes=100,
+                 rl_iterations=40, num_groups=16, group_size=8, learning_rate=1e-4, mini_batch_size=128,
+                 rl_eval_every=5, rl_eval_episodes=100, eval_episodes=300, max_response_tokens=16),
+    # The same recipe on the real pretrained SmolLM2-135M-Instruct: hours on a CPU, minutes on a GPU.
+    "smollm2": dict(env_id="ARL/Sokoban-Mini-v0", model="smollm2", tiny_size="xs", bc_episodes=1500,
+                    bc_max_steps=600, bc_batch_size=16, bc_learning_rate=5e-5, bc_target=0.45, bc_eval_every=50, bc_eval_start=50,
+                    bc_eval_episodes=100, rl_iterations=60, num_groups=16, group_size=8, learning_rate=2e-6,
+                    mini_batch_size=128, rl_eval_every=10, rl_eval_episodes=100, eval_episodes=300,
+                    max_response_tokens=24),
+}
+
+
+@dataclass
+class Args:
+    """BC -> RL -> held-out evaluation -> report, for one or more pipeline seeds."""
+
+    profile: Literal["tiny", "smollm2"] = "tiny"
+    """fills every field left unset: tiny = the CPU default (<= 15 min on 2 cores), smollm2 = pretrained 135M"""
+    seeds: list[int] = field(default_factory=lambda: [1])
+    """pipeline seeds (model init, BC data and batches, RL); several give an interval over seeds"""
+    out: Path = Path("runs/mini_arena")
+    """output folder: <out>/seed<s>/{bc,<rl-script>}, <out>/results.json, report.md, learning_curve.png"""
+    env_id: str | None = None
+    """registered env id"""
+    model: str | None = None
+    """'tiny' (fresh tiny Qwen3), 'smollm2', or a local HF folder"""
+    tiny_size: str | None = None
+    """tiny model size (xs, s, m)"""
+    bc_episodes: int | None = None
+    """expert episodes of BC data (task seeds 0..N-1, disjoint from RL's and the held-out seeds)"""
+    bc_max_steps: int | None = None
+    """BC optimizer steps at most (cosine schedule over them)"""
+    bc_batch_size: int | None = None
+    """BC examples per step"""
+    bc_learning_rate: float | None = None
+    """BC peak learning rate"""
+    bc_target: float | None = None
+    """stop BC once greedy validation success >= this (1.0 = train all steps and keep the best)"""
+    bc_eval_every: int | None = None
+    """BC validation every N steps"""
+    bc_eval_start: int | None = None
+    """first BC step that is validated (before it, the tiny model is still learning the format)"""
+    bc_eval_episodes: int | None = None
+    """validation episodes per BC check (seeds from sft.VALIDATION_SEED_OFFSET)"""
+    rl_script: str = "sampo"
+    """algos/<name>.py run from the BC checkpoint"""
+    rl_iterations: int | None = None
+    """RL iterations"""
+    num_groups: int | None = None
+    """RL groups (task instances) per iteration"""
+    group_size: int | None = None
+    """RL episodes per group"""
+    learning_rate: float | None = None
+    """RL learning rate"""
+    mini_batch_size: int | None = None
+    """RL rows per optimizer step"""
+    rl_eval_every: int | None = None
+    """held-out greedy evaluation inside the RL run every N iterations (the learning curve)"""
+    rl_eval_episodes: int | None = None
+    """held-out episodes per evaluation inside the RL run"""
+    rl_args: list[str] = field(default_factory=list)
+    """extra flags for the RL script, e.g. --rl-args --cold-start-steps 5"""
+    eval_episodes: int | None = None
+    """final held-out greedy evaluation: episodes (seeds from EVAL_SEED_OFFSET), same for BC and RL"""
+    max_response_tokens: int | None = None
+    """generation budget per turn"""
+    torch_threads: int = 1
+    """CPU threads (1 avoids OpenMP contention on shared machines)"""
+    skip_rl: bool = False
+    """stop after BC (e.g. to build the checkpoint a sweep starts from)"""
+
+
+def resolve(args: Args) -> Args:
+    for key, value in PROFILES[args.profile].items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    for key in ("bc_episodes", "bc_max_steps", "bc_batch_size", "bc_eval_every", "bc_eval_episodes", "rl_iterations",
+                "num_groups", "group_size", "mini_batch_size", "rl_eval_episodes", "eval_episodes",
+                "max_response_tokens"):
+        if getattr(args, key) < 1:
+            raise SystemExit(f"--{key.replace('_', '-')} must be >= 1")
+    if not args.seeds:
+        raise SystemExit("--seeds needs at least one seed")
+    if not (ROOT / "algos" / f"{args.rl_script}.py").is_file():
+        raise SystemExit(f"no RL script algos/{args.rl_script}.py")
+    return args
+
+
+@contextlib.contextmanager
+def _env_var(name: str, value: str):
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old
+
+
+def _sft():
+    """algos/sft.py as a module (it imports grpo.py as a top-level module, so algos/ goes on the path)."""
+    path = str(ROOT / "algos")
+    if path not in sys.path:
+        sys.path.insert(0, path)
+    import sft
+
+    return sft
+
+
+# --- stage 2: behaviour cloning ---------------------------------------------------------
+def sft_args(args: Args, seed: int, out: Path):
+    sft = _sft()
+    return sft.Args(env_id=args.env_id, model_path=args.model, tiny_size=args.tiny_size, output_dir=str(out),
+                    num_episodes=args.bc_episodes, num_steps=args.bc_max_steps, batch_size=args.bc_batch_size,
+                    learning_rate=args.bc_learning_rate, min_learning_rate=args.bc_learning_rate / 10,
+                    eval_every=args.bc_eval_every, eval_episodes=args.bc_eval_episodes, seed=seed,
+                    torch_threads=args.torch_threads, max_response_tokens=args.max_response_tokens,
+                    history_length=0, prompt_style="compact")
+
+
+def run_bc(args: Args, seed: int, out: Path) -> dict[str, Any]:
+    """BC until validation success >= bc_target (or the best of all checks); saves an HF folder at ``out``."""
+    import torch
+
+    sft = _sft()
+    s = sft_args(args, seed, out)
+    random.seed(seed), np.random.seed(seed), torch.manual_seed(seed)
+    start = time.perf_counter()
+    data = sft.collect_expert_data(s)
+    if args.model == "tiny":  # sft builds the fresh model in the cache: one folder per run, no races
+        with _env_var("ARENA_CACHE", str(out.parent / "init")):
+            model, tokenizer = sft.load_or_build(s, data)
+    else:
+        model, tokenizer = sft.load_or_build(s, data)
+    examples = sft.tokenize(tokenizer, data, s.max_prompt_tokens)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=s.learning_rate, weight_decay=s.weight_decay)
+
+    def lr_at(step: int) -> float:
+        if step < s.warmup_steps:
+            return s.learning_rate * (step + 1) / s.warmup_steps
+        progress = (step - s.warmup_steps) / max(1, s.num_steps - s.warmup_steps)
+        return s.min_learning_rate + 0.5 * (s.learning_rate - s.min_learning_rate) * (1 + math.cos(math.pi * progress))
+
+    order = np.random.default_rng(seed).permutation(len(examples))
+    curve, best, best_state, best_step, losses = [], -1.0, None, 0, []
+    for step in range(s.num_steps):
+        batch = [examples[order[(step * s.batch_size + k) % len(order)]] for k in range(s.batch_size)]
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step)
+        model.train()
+        loss = sft.sft_loss(model, batch, tokenizer.pad_token_id)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        losses.append(loss.item())
+        checkpoint = (step + 1) % s.eval_every == 0 and step + 1 >= args.bc_eval_start
+        if checkpoint or step + 1 == s.num_steps:
+            model.eval()
+            success = sft.evaluate(model, tokenizer, s)
+            curve.append({"step": step + 1, "loss": float(np.mean(losses[-s.eval_every:])), "val_success": success,
+                          "time_s": time.perf_counter() - start})
+            print(f"  BC step {step + 1}: loss {curve[-1]['loss']:.3f}, validation success {success:.3f}", flush=True)
+            if success > best:
+                best, best_step = success, step + 1
+                best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+            if success >= args.bc_target:
+                break
+    model.load_state_dict(best_state)
+    sft.save(model, tokenizer, out, lora=False)
+    record = {"step": best_step, "val_success": best, "examples": len(examples), "curve": curve,
+              "params": sum(p.numel() for p in model.parameters()), "seconds": time.perf_counter() - start}
+    (out / "bc_summary.json").write_text(json.dumps(record, indent=1))
+    return record
+
+
+# --- stage 3: RL -------------------------------------------------------------------------
+def rl_command(args: Args, seed: int, bc_dir: Path, runs_dir: Path) -> list[str]:
+    """The training-script command line of the RL stage (what a user would type)."""
+    return [sys.executable, str(ROOT / "algos" / f"{args.rl_script}.py"), "--model-path", str(bc_dir),
+            "--env-id", args.env_id, "--seed", str(seed), "--num-iterations", str(args.rl_iterations),
+            "--num-groups", str(args.num_groups), "--group-size", str(args.group_size),
+            "--learning-rate", str(args.learning_rate), "--mini-batch-size", str(args.mini_batch_size),
+            "--micro-batch-size", str(args.mini_batch_size), "--max-response-tokens", str(args.max_response_tokens),
+            "--history-length", "0", "--prompt-style", "compact", "--eval-every", str(args.rl_eval_every),
+            "--eval-episodes", str(args.rl_eval_episodes), "--checkpoint-every", "0",
+            "--torch-threads", str(args.torch_threads), "--output-dir", str(runs_dir), "--run-name", args.rl_script,
+            *(["--cold-start-steps", "0"] if args.rl_script in ("sampo", "dapo") else []), *args.rl_args]
+
+
+def run_rl(args: Args, seed: int, bc_dir: Path, runs_dir: Path) -> dict[str, Any]:
+    cmd = rl_command(args, seed, bc_dir, runs_dir)
+    run_dir = runs_dir / args.rl_script
+    run_dir.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    with open(run_dir / "stdout.log", "w") as log:
+        code = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                              env={**os.environ, "OMP_NUM_THREADS": str(args.torch_threads)}).returncode
+    if code != 0:
+        tail = (run_dir / "stdout.log").read_text()[-3000:]
+        raise SystemExit(f"RL stage failed (exit {code}): {' '.join(cmd)}\n{tail}")
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return {"command": cmd, "metrics": metrics, "model": str(run_dir / "final"), "seconds": time.perf_counter() - start}
+
+
+# --- stage 4: held-out evaluation ---------------------------------------------------------
+def evaluate_model(args: Args, path: str | Path, name: str, seeds: list[int]) -> EvalResult:
+    from eval.evaluate import load_model
+
+    model, tokenizer = load_model(str(path), device="cpu")
+    policy = hf_policy(model, tokenizer, greedy=True, max_new_tokens=args.max_response_tokens, max_prompt_tokens=512,
+                       batch_size=256)
+    return evaluate_policy(args.env_id, policy, seeds, name=name, history_length=0, prompt_style="compact",
+                           progress=False)
+
+
+def evaluate_baselines(args: Args, seeds: list[int]) -> list[EvalResult]:
+    common = dict(history_length=0, prompt_style="compact", progress=False)
+    return [evaluate_policy(args.env_id, "expert", seeds, **common),
+            evaluate_policy(args.env_id, "random", seeds, samples=4, **common)]
+
+
+# --- stage 5: report ----------------------------------------------------------------------
+def _est(e) -> dict[str, float]:
+    return {"mean": e.mean, "low": e.low, "high": e.high, "n": e.n}
+
+
+def summarize_seeds(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
+    """Mean held-out success over pipeline seeds with Student-t intervals (and of the paired gain)."""
+    bc = [r["eval"]["bc"]["success"]["mean"] for r in per_seed]
+    rl = [r["eval"]["rl"]["success"]["mean"] for r in per_seed if "rl" in r["eval"]]
+    out = {"bc": _est(mean_ci(bc))}
+    if len(rl) == len(bc):
+        out["rl"] = _est(mean_ci(rl))
+        out["gain"] = _est(mean_ci([b - a for a, b in zip(bc, rl)]))
+    return out
+
+
+def plot_curves(per_seed: list[dict[str, Any]], path: Path, rl_name: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_bc, ax_rl) = plt.subplots(1, 2, figsize=(10, 3.6), gridspec_kw={"width_ratios": [1, 1.6]})
+    for k, r in enumerate(per_seed):
+        color = f"C{k}"
+        bc = r["bc"]["curve"]
+        ax_bc.plot([c["step"] for c in bc], [c["val_success"] for c in bc], "o-", color=color, ms=3,
+                   label=f"seed {r['seed']}")
+        if "rl" not in r:
+            continue
+        evals = [(m["iteration"], m["eval/success_rate"]) for m in r["rl"]["metrics"] if "eval/success_rate" in m]
+        start = r["eval"]["bc_curve_point"]
+        its = [0] + [i for i, _ in evals]
+        ax_rl.plot(its, [start] + [v for _, v in evals], "o-", color=color, ms=3, label=f"seed {r['seed']} held-out greedy")
+        ax_rl.plot([m["iteration"] for m in r["rl"]["metrics"]], [m["rollout/success_rate"] for m in r["rl"]["metrics"]],
+                   ":", color=color, alpha=0.6, label=f"seed {r['seed']} rollouts (T=1)")
+    ax_bc.axhline(per_seed[0]["bc"]["target"], color="grey", ls="--", lw=0.8)
+    ax_bc.set(title="behaviour cloning (stops at the target)", xlabel="BC step", ylabel="validation success",
+              ylim=(0, 1))
+    ax_rl.set(title=f"{rl_name} from the BC checkpoint", xlabel="RL iteration", ylabel="success", ylim=(0, 1))
+    ax_rl.legend(fontsize=7, loc="lower right")
+    ax_bc.legend(fontsize=7)
+    for ax in (ax_bc, ax_rl):
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _pct(e: dict[str, float]) -> str:
+    return f"{100 * e['mean']:.1f} [{100 * e['low']:.1f}, {100 * e['high']:.1f}]"
+
+
+def write_report(results: dict[str, Any], out: Path) -> str:
+    a, per_seed, rl = results["args"], results["per_seed"], results["args"]["rl_script"].upper()
+    lines = [f"# Mini-arena: BC -> {rl} on {a['env_id']} ({a['profile']} profile)", "",
+             f"Held-out greedy success on {a['eval_episodes']} task seeds from {EVAL_SEED_OFFSET} "
+             "(95 % Wilson intervals; the same seeds for every row).", ""]
+    for r in per_seed:
+        lines += [f"## Seed {r['seed']}", "", r["eval"]["table"], ""]
+    summary = results["summary"]
+    lines += ["## Over seeds", "", "| policy | success % (mean over seeds, 95 % t-interval) |", "|---|---|",
+              f"| BC start | {_pct(summary['bc'])} |"]
+    if "rl" in summary:
+        lines += [f"| {rl} | {_pct(summary['rl'])} |", f"| gain ({rl} − BC, paired) | {_pct(summary['gain'])} |"]
+    lines += ["", "| seed | BC steps | BC validation | BC held-out % | " + rl + " held-out % | BC s | RL s | eval s |",
+              "|---|---|---|---|---|---|---|---|"]
+    for r in per_seed:
+        e, t = r["eval"], r["timing"]
+        rl_cell = _pct(e["rl"]["success"]) if "rl" in e else "-"
+        lines.append(f"| {r['seed']} | {r['bc']['step']} | {r['bc']['val_success']:.2f} | {_pct(e['bc']['success'])} "
+                     f"| {rl_cell} | {t['bc_s']:.0f} | {t.get('rl_s', 0):.0f} | {t['eval_s']:.0f} |")
+    lines += ["", f"Total wall time {results['wall_s'] / 60:.1f} min; peak memory {results['peak_rss_mb']:.0f} MB "
+              "(largest process).", "", "![learning curve](learning_curve.png)", ""]
+    text = "\n".join(lines)
+    (out / "report.md").write_text(text)
+    return text
+
+
+def peak_rss_mb() -> float:
+    """Largest resident set of this process or any finished child (Linux reports KiB)."""
+    return max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+               resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) / 1024
+
+
+# --- pipeline ------------------------------------------------------------------------------
+def run_seed(args: Args, seed: int) -> dict[str, Any]:
+    seed_dir = args.out / f"seed{seed}"
+    seed_dir.mkdir(parents=True, exist_ok=True)
+    print(f"[seed {seed}] BC on {args.env_id} ({args.model})", flush=True)
+    t0 = time.perf_counter()
+    bc = run_bc(args, seed, seed_dir / "bc")
+    bc["target"] = args.bc_target
+    record: dict[str, Any] = {"seed": seed, "bc": bc, "timing": {"bc_s": time.perf_counter() - t0}}
+    print(f"[seed {seed}] BC checkpoint: step {bc['step']}, validation success {bc['val_success']:.3f}, "
+          f"{bc['params'] / 1e6:.2f} M parameters", flush=True)
+    if not args.skip_rl:
+        print(f"[seed {seed}] RL: algos/{args.rl_script}.py, {args.rl_iterations} iterations", flush=True)
+        t1 = time.perf_counter()
+        record["rl"] = run_rl(args, seed, seed_dir / "bc", seed_dir)
+        record["timing"]["rl_s"] = time.perf_counter() - t1
+        final = [m for m in record["rl"]["metrics"] if "eval/success_rate" in m]
+        print(f"[seed {seed}] RL done in {record['timing']['rl_s']:.0f} s; last in-run held-out success "
+              f"{final[-1]['eval/success_rate']:.3f}" if final else "", flush=True)
+    t2 = time.perf_counter()
+    seeds = [EVAL_SEED_OFFSET + k for k in range(args.eval_episodes)]
+    results = [evaluate_model(args, seed_dir / "bc", "BC start", seeds)]
+    if "rl" in record:
+        results.append(evaluate_model(args, record["rl"]["model"], args.rl_script.upper(), seeds))
+    results += evaluate_baselines(args, seeds)
+    record["eval"] = {"table": format_results(results), "bc": results[0].as_dict(),
+                      "baselines": [r.as_dict() for r in results[-2:]],
+                      # iteration 0 of the learning curve: BC on the RL run's in-training evaluation seeds
+                      "bc_curve_point": _bc_curve_point(results[0], args, seed_dir / "bc",
+                                                        seeds[:args.rl_eval_episodes])}
+    if "rl" in record:
+        record["eval"]["rl"] = results[1].as_dict()
+    record["timing"]["eval_s"] = time.perf_counter() - t2
+    print(f"[seed {seed}] held-out evaluation\n{record['eval']['table']}", flush=True)
+    return record
+
+
+def _bc_curve_point(bc_result: EvalResult, args: Args, bc_dir: Path, curve_seeds: list[int]) -> float:
+    """BC's success on the first ``rl_eval_episodes`` held-out seeds: iteration 0 of the learning curve."""
+    if len(curve_seeds) == args.eval_episodes:
+        return bc_result.success.mean
+    return evaluate_model(args, bc_dir, "BC", curve_seeds).success.mean
+
+
+def main(args: Args) -> dict[str, Any]:
+    import torch
+    from transformers.utils import logging as hf_logging
+
+    args = resolve(args)
+    torch.set_num_threads(args.torch_threads)
+    hf_logging.disable_progress_bar()
+    args.out.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    per_seed = [run_seed(args, seed) for seed in args.seeds]
+    results = {"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(args).items()},
+               "per_seed": per_seed, "summary": summarize_seeds(per_seed), "wall_s": time.perf_counter() - start,
+               "peak_rss_mb": peak_rss_mb()}
+    plot_curves(per_seed, args.out / "learning_curve.png", args.rl_script.upper())
+    (args.out / "results.json").write_text(json.dumps(results, indent=1, default=str))
+    print(write_report(results, args.out))
+    return results
+
+
+if __name__ == "__main__":
+    import tyro
+
+    main(tyro.cli(Args))

@@ -1,0 +1,117 @@
+"""eval.mini_arena: the whole pipeline end to end with tiny settings, reproducibility, bad input, summaries."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from eval import mini_arena
+from eval.sweep import load_sweep
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["--bc-episodes", "12", "--bc-max-steps", "4", "--bc-batch-size", "8", "--bc-eval-every", "2",
+        "--bc-eval-episodes", "2", "--bc-eval-start", "2", "--rl-iterations", "2", "--num-groups", "2", "--group-size", "2",
+        "--mini-batch-size", "16", "--rl-eval-every", "1", "--rl-eval-episodes", "2", "--eval-episodes", "3",
+        "--max-response-tokens", "8"]
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "ARENA_CACHE": str(tmp_path / "cache")}
+
+
+@pytest.mark.slow
+def test_pipeline_end_to_end(tmp_path):
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "eval.mini_arena", "--out", str(out), "--seeds", "3", *TINY]
+    proc = subprocess.run(cmd, cwd=ROOT, env=_env(tmp_path), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    full = json.loads((out / "results.json").read_text())
+    seed = full["per_seed"][0]
+    # BC stopped at a validation check; the RL script logged every iteration and its held-out evaluations
+    assert seed["bc"]["step"] in (2, 4) and seed["bc"]["curve"][-1]["step"] >= seed["bc"]["step"]
+    metrics = seed["rl"]["metrics"]
+    assert [m["iteration"] for m in metrics] == [1, 2] and all("eval/success_rate" in m for m in metrics)
+    assert seed["rl"]["command"][1].endswith("sampo.py") and "--cold-start-steps" in seed["rl"]["command"]
+    # BC and RL are evaluated on the same held-out seeds, beside the expert and random baselines
+    ev = seed["eval"]
+    assert ev["bc"]["num_seeds"] == ev["rl"]["num_seeds"] == 3
+    assert [b["name"] for b in ev["baselines"]] == ["expert", "random"] and ev["baselines"][0]["success"]["mean"] == 1.0
+    assert {"bc", "rl", "gain"} <= set(full["summary"])
+    assert (out / "learning_curve.png").stat().st_size > 1000
+    report = (out / "report.md").read_text()
+    assert "BC start" in report and "SAMPO" in report and "learning_curve.png" in report
+    assert set(seed["timing"]) == {"bc_s", "rl_s", "eval_s"} and full["peak_rss_mb"] > 0
+
+
+def test_bc_stage_is_reproducible(tmp_path, monkeypatch):
+    monkeypatch.setenv("ARENA_CACHE", str(tmp_path / "cache"))
+    args = mini_arena.resolve(mini_arena.Args(bc_episodes=8, bc_max_steps=2, bc_batch_size=4, bc_eval_every=2,
+                                              bc_eval_episodes=1, max_response_tokens=4))
+    first = mini_arena.run_bc(args, 5, tmp_path / "a")
+    second = mini_arena.run_bc(args, 5, tmp_path / "b")
+    assert first["curve"][0]["loss"] == second["curve"][0]["loss"] and first["examples"] == second["examples"]
+    import torch
+    from safetensors.torch import load_file
+
+    a, b = (load_file(str(tmp_path / d / "model.safetensors")) for d in ("a", "b"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("flag,value", [("--bc-max-steps", "0"), ("--num-groups", "0"), ("--rl-script", "nope")])
+def test_bad_settings_exit_with_a_message(flag, value, capsys):
+    args = mini_arena.Args(out=Path("unused"))
+    setattr(args, flag.lstrip("-").replace("-", "_"), int(value) if value.isdigit() else value)
+    with pytest.raises(SystemExit) as err:
+        mini_arena.resolve(args)
+    assert flag in str(err.value) or value in str(err.value)
+
+
+def test_profiles_fill_every_unset_field():
+    for profile in mini_arena.PROFILES:
+        args = mini_arena.resolve(mini_arena.Args(profile=profile))
+        assert all(v is not None for v in vars(args).values())
+
+
+def test_rl_command_uses_the_scripts_flags():
+    args = mini_arena.resolve(mini_arena.Args(rl_args=["--kl-coef", "0"]))
+    cmd = mini_arena.rl_command(args, 7, Path("bc"), Path("runs"))
+    text = " ".join(cmd)
+    assert "--seed 7" in text and "--model-path bc" in text and "--prompt-style compact" in text
+    assert cmd[-2:] == ["--kl-coef", "0"]
+    sys.path.insert(0, str(ROOT / "algos"))
+    try:
+        import sampo
+        import tyro
+    finally:
+        sys.path.remove(str(ROOT / "algos"))
+    parsed = tyro.cli(sampo.Args, args=cmd[2:])  # every flag exists in the script
+    assert parsed.num_iterations == args.rl_iterations and parsed.cold_start_steps == 0
+
+
+@given(st.lists(st.tuples(st.floats(0, 1), st.floats(0, 1)), min_size=1, max_size=6))
+def test_summary_over_seeds_is_the_mean_and_the_paired_gain(pairs):
+    per_seed = [{"eval": {"bc": {"success": {"mean": b}}, "rl": {"success": {"mean": r}}}} for b, r in pairs]
+    s = mini_arena.summarize_seeds(per_seed)
+    n = len(pairs)
+    assert math.isclose(s["bc"]["mean"], sum(b for b, _ in pairs) / n, abs_tol=1e-12)
+    assert math.isclose(s["gain"]["mean"], s["rl"]["mean"] - s["bc"]["mean"], abs_tol=1e-9)
+    assert s["gain"]["low"] <= s["gain"]["mean"] + 1e-12 <= s["gain"]["high"] + 2e-12
+    assert s["bc"]["n"] == n
+
+
+def test_sweep_config_covers_the_papers_methods():
+    sweep = load_sweep(ROOT / "eval" / "configs" / "mini_arena.toml")
+    methods = {j.method for j in sweep.jobs}
+    assert methods == {"GRPO", "GRPO_ST", "GSPO", "SAPO", "CISPO", "GiGPO", "EMPG", "DAPO_GRPO", "DAPO_GiGPO", "SAMPO"}
+    assert len(sweep.jobs) == 30 and {j.seed for j in sweep.jobs} == {1, 2, 3}
+    for job in sweep.jobs:  # every run starts from the pipeline's BC checkpoint, on the mini-arena env
+        text = " ".join(job.argv)
+        assert "--model-path runs/mini_arena/seed1/bc" in text and "ARL/Sokoban-Mini-v0" in text
