@@ -170,6 +170,10 @@ class Args:
     """group normalisation: mean_std_norm (ARLArena ALFWorld) or mean_norm (WebShop)"""
     similarity_thresh: float | None = None
     """None = exact anchor match; e.g. 0.95 = merge text anchors with difflib similarity >= 0.95"""
+
+    def __post_init__(self) -> None:
+        if self.max_num_gen_batches < 1:
+            raise SystemExit("--max-num-gen-batches must be >= 1")
     # END ALGO LOGIC
 
 
@@ -954,6 +958,11 @@ def main(args: Args) -> None:
             "perf/time_update_s": t_update,
             "perf/time_score_s": stats["time_score"],
         })
+        # ALGO LOGIC: method-specific metrics into metrics_out (none for GRPO)
+        metrics_out["rollout/gen_batches"] = global_mean(accelerator, [stats["gen_batches"]])
+        metrics_out["rollout/kept_groups"] = global_sum(accelerator, stats["kept_groups"])
+        metrics_out["rollout/informative_groups"] = global_sum(accelerator, stats["informative_groups"])
+        # END ALGO LOGIC
         if args.eval_every > 0 and (iteration % args.eval_every == 0 or iteration == args.num_iterations):
             metrics_out["eval/success_rate"] = evaluate(backend, tokenizer, eval_rollout, args, iteration, rank,
                                                         world, accelerator)

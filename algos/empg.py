@@ -852,6 +852,10 @@ def main(args: Args) -> None:
             "perf/time_update_s": t_update,
             "perf/time_score_s": stats["time_score"],
         })
+        # ALGO LOGIC: method-specific metrics into metrics_out (none for GRPO)
+        metrics_out["rollout/empg_g_min"] = global_mean(accelerator, [stats["empg_g_min"]])
+        metrics_out["rollout/empg_g_max"] = global_mean(accelerator, [stats["empg_g_max"]])
+        # END ALGO LOGIC
         if args.eval_every > 0 and (iteration % args.eval_every == 0 or iteration == args.num_iterations):
             metrics_out["eval/success_rate"] = evaluate(backend, tokenizer, eval_rollout, args, iteration, rank,
                                                         world, accelerator)

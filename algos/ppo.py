@@ -4,7 +4,7 @@
 Method (Schulman et al., PPO arXiv 1707.06347, GAE arXiv 1506.02438; ARLArena §4.4; the "biased"
 PPO baseline of the Practitioner's Guide, arXiv 2510.01132): the critic is a separate copy of the
 policy checkpoint with a zero-initialised scalar head per token (``AutoModelForTokenClassification``),
-its own AdamW parameter group (``--critic-lr``) and its own gradient clipping. Each row (one turn) is a
+its own AdamW parameter group (``--critic-lr``, default 10x the policy's) and its own gradient clipping. Each row (one turn) is a
 GAE segment: the row's score (episode return minus its format penalty) sits on its last response
 token, V = 0 after it, and A_t = delta_t + gamma * lam * A_{t+1} runs over the response tokens;
 advantages are whitened over the whole batch (all processes). The value loss is clipped
@@ -154,8 +154,8 @@ class Args:
     """GAE discount over the response tokens of a row (verl default)"""
     lam: float = 1.0
     """GAE lambda"""
-    critic_lr: float = 1e-5
-    """AdamW learning rate of the critic"""
+    critic_lr: float | None = None
+    """AdamW learning rate of the critic (None = 10 x --learning-rate: 1e-5 for the gpu profile, as verl)"""
     value_clip: float = 0.5
     """value-loss clip range around the rollout-time values"""
     kl_in_reward: bool = False
@@ -729,7 +729,8 @@ def main(args: Args) -> None:
         torch.nn.init.zeros_(p)
     if args.gradient_checkpointing:
         critic.gradient_checkpointing_enable()
-    optimizer.add_param_group({"params": list(critic.parameters()), "lr": args.critic_lr})
+    critic_lr = args.critic_lr if args.critic_lr is not None else 10 * args.learning_rate
+    optimizer.add_param_group({"params": list(critic.parameters()), "lr": critic_lr})
     critic_grad_norms: list[float] = []
 
     def clip_critic_grad(*_) -> None:  # the loop clips the policy's gradient; the critic's is clipped here
@@ -888,6 +889,10 @@ def main(args: Args) -> None:
             "perf/time_update_s": t_update,
             "perf/time_score_s": stats["time_score"],
         })
+        # ALGO LOGIC: method-specific metrics into metrics_out (none for GRPO)
+        metrics_out["actor/critic_grad_norm"] = global_mean(accelerator, critic_grad_norms)
+        critic_grad_norms.clear()
+        # END ALGO LOGIC
         if args.eval_every > 0 and (iteration % args.eval_every == 0 or iteration == args.num_iterations):
             metrics_out["eval/success_rate"] = evaluate(backend, tokenizer, eval_rollout, args, iteration, rank,
                                                         world, accelerator)

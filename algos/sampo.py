@@ -156,6 +156,10 @@ class Args:
     """rollout batches tried per iteration; the last one fills up with all-equal groups"""
     cold_start_steps: int = 15
     """iterations without filtering at the start (ARLArena: 15 ALFWorld, 5 WebShop SAMPO, 0 WebShop DAPO)"""
+
+    def __post_init__(self) -> None:
+        if self.max_num_gen_batches < 1:
+            raise SystemExit("--max-num-gen-batches must be >= 1")
     # END ALGO LOGIC
 
 
@@ -910,6 +914,13 @@ def main(args: Args) -> None:
             "perf/time_update_s": t_update,
             "perf/time_score_s": stats["time_score"],
         })
+        # ALGO LOGIC: method-specific metrics into metrics_out (none for GRPO)
+        metrics_out["rollout/gen_batches"] = global_mean(accelerator, [stats["gen_batches"]])
+        metrics_out["rollout/kept_groups"] = global_sum(accelerator, stats["kept_groups"])
+        metrics_out["rollout/informative_groups"] = global_sum(accelerator, stats["informative_groups"])
+        metrics_out["rollout/step_adv_abs"] = global_mean(accelerator, [stats["step_adv_abs"]])
+        metrics_out["rollout/grouped_step_ratio"] = global_mean(accelerator, [stats["grouped_step_ratio"]])
+        # END ALGO LOGIC
         if args.eval_every > 0 and (iteration % args.eval_every == 0 or iteration == args.num_iterations):
             metrics_out["eval/success_rate"] = evaluate(backend, tokenizer, eval_rollout, args, iteration, rank,
                                                         world, accelerator)
