@@ -7,8 +7,7 @@ from typing import Any
 
 from arena_envs.alfworld_env.engine import ExpertTracker, make_engine, planner_plan
 from arena_envs.alfworld_env.games import (
-    GENERATED_SPLITS,
-    OFFICIAL_SPLITS,
+    SPLITS,
     committed_games,
     find_data_root,
     official_games,
@@ -44,14 +43,12 @@ class ALFWorldEnv(TextEnv):
         if expert not in ("planner", "handcoded"):
             raise ValueError(f"expert must be 'planner' or 'handcoded', got {expert!r}")
         names = task_type_names(task_types)
+        if split not in SPLITS:
+            raise ValueError(f"unknown split {split!r}; expected one of {sorted(SPLITS)}")
         root = find_data_root(data_path)
         if root is not None:
-            if split not in OFFICIAL_SPLITS:
-                raise ValueError(f"unknown split {split!r}; expected one of {sorted(OFFICIAL_SPLITS)}")
             self.game_files = official_games(root, split, names)
         else:
-            if split not in GENERATED_SPLITS:
-                raise ValueError(f"unknown split {split!r}; expected one of {sorted(GENERATED_SPLITS)}")
             self.game_files = committed_games(split, names, Path(cache_dir) if cache_dir else None)
         if not self.game_files:
             raise FileNotFoundError(f"no ALFWorld games for split={split!r}, task_types={names}")

@@ -18,12 +18,10 @@ from pathlib import Path
 from arena_envs.alfworld_env.generator import TASK_TYPES
 
 DATA_DIR = Path(__file__).parent / "data"
-#: Official split directories under ``json_2.1.1`` and the names AlfredTWEnv uses for them.
-OFFICIAL_SPLITS = {"train": "train", "valid_seen": "valid_seen", "valid_unseen": "valid_unseen",
-                   "eval_in_distribution": "valid_seen", "eval_out_of_distribution": "valid_unseen"}
-#: Generated splits: train floor plans (train, valid_seen) and held-out floor plans (valid_unseen).
-GENERATED_SPLITS = {"train": "train", "valid_seen": "valid_seen", "valid_unseen": "valid_unseen",
-                    "eval_in_distribution": "valid_seen", "eval_out_of_distribution": "valid_unseen"}
+#: Split names -> split folder; the AlfredTWEnv names are aliases. Generated sets: train floor
+#: plans for train and valid_seen, held-out floor plans for valid_unseen.
+SPLITS = {"train": "train", "valid_seen": "valid_seen", "valid_unseen": "valid_unseen",
+          "eval_in_distribution": "valid_seen", "eval_out_of_distribution": "valid_unseen"}
 
 
 def default_cache_dir() -> Path:
@@ -68,9 +66,9 @@ def read_committed(split: str) -> list[dict]:
 
 def committed_games(split: str, task_types: list[str], cache_dir: Path | None = None) -> list[str]:
     """Game files of a committed split, written once into the cache (keyed by content hash)."""
-    records = [r for r in read_committed(GENERATED_SPLITS[split]) if r["traj_data"]["task_type"] in task_types]
+    records = [r for r in read_committed(SPLITS[split]) if r["traj_data"]["task_type"] in task_types]
     logic = None
-    root = (cache_dir or default_cache_dir()) / "json_generated" / GENERATED_SPLITS[split]
+    root = (cache_dir or default_cache_dir()) / "json_generated" / SPLITS[split]
     files = []
     for rec in records:
         td = rec["traj_data"]
@@ -102,7 +100,7 @@ def find_data_root(data_path: str | os.PathLike | None) -> Path | None:
 def official_games(root: Path, split: str, task_types: list[str]) -> list[str]:
     """Solvable games of an official split, selected exactly as ``AlfredTWEnv`` does, sorted."""
     files = []
-    for dirpath, _, names in os.walk(root / OFFICIAL_SPLITS[split]):
+    for dirpath, _, names in os.walk(root / SPLITS[split]):
         if "traj_data.json" not in names or "game.tw-pddl" not in names:
             continue
         if "movable" in dirpath or "Sliced" in dirpath:
