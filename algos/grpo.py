@@ -22,17 +22,16 @@ import contextlib
 import json
 import math
 import os
-import random
 import shutil
 import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import numpy as np
 import torch
-import torch.nn.functional as F
+import tyro
 
 #: Values for the profile-dependent ``Args`` fields left unset (``None``) on the command line.
 PROFILES: dict[str, dict[str, Any]] = {
@@ -49,6 +48,11 @@ PROFILES: dict[str, dict[str, Any]] = {
                 rollout_backend="auto", mixed_precision="bf16", eval_every=10, eval_episodes=128,
                 checkpoint_every=10),
 }
+#: Loss aggregation modes (ARLArena §3.1); ``--loss-agg`` is the short flag.
+LossAgg = Annotated[Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"],
+                    tyro.conf.arg(aliases=("--loss-agg",))]
+#: Sequence masking switch (ARLArena §3.8); ``--seq-mask`` is the short flag.
+SeqMask = Annotated[bool, tyro.conf.arg(aliases=("--seq-mask",))]
 #: Per-micro-batch metrics that are counts (summed over the iteration), not averages.
 COUNT_METRICS = ("masked_seqs",)
 #: Task seeds >= this are held out for evaluation; training seeds stay below.
@@ -140,10 +144,9 @@ class Args:
     """PPO clip epsilon above 1"""
     clip_ratio_c: float = 3.0
     """dual-clip bound c (> 1) on the ratio for negative advantages"""
-    loss_agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
-                           "seq-mean-token-sum-norm"] = "token-mean"
+    loss_agg_mode: LossAgg = "token-mean"
     """loss aggregation (seq-mean-token-mean = GRPO_ST)"""
-    use_seq_mask: bool = False
+    use_seq_mask: SeqMask = False
     """GRPO_SM: drop negative-advantage rows whose mean log(pi_old/pi) exceeds seq_mask_delta"""
     seq_mask_delta: float = 3e-3
     """sequence-masking threshold delta"""
@@ -832,6 +835,4 @@ def main(args: Args) -> None:
 
 
 if __name__ == "__main__":
-    import tyro
-
     main(tyro.cli(Args))

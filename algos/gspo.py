@@ -22,17 +22,16 @@ import contextlib
 import json
 import math
 import os
-import random
 import shutil
 import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import numpy as np
 import torch
-import torch.nn.functional as F
+import tyro
 
 #: Values for the profile-dependent ``Args`` fields left unset (``None``) on the command line.
 PROFILES: dict[str, dict[str, Any]] = {
@@ -49,6 +48,11 @@ PROFILES: dict[str, dict[str, Any]] = {
                 rollout_backend="auto", mixed_precision="bf16", eval_every=10, eval_episodes=128,
                 checkpoint_every=10),
 }
+#: Loss aggregation modes (ARLArena §3.1); ``--loss-agg`` is the short flag.
+LossAgg = Annotated[Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"],
+                    tyro.conf.arg(aliases=("--loss-agg",))]
+#: Sequence masking switch (ARLArena §3.8); ``--seq-mask`` is the short flag.
+SeqMask = Annotated[bool, tyro.conf.arg(aliases=("--seq-mask",))]
 #: Per-micro-batch metrics that are counts (summed over the iteration), not averages.
 COUNT_METRICS = ("masked_seqs",)
 #: Task seeds >= this are held out for evaluation; training seeds stay below.
@@ -138,8 +142,7 @@ class Args:
     """clip epsilon of the sequence ratio below 1 (ARLArena: 3e-3 ALFWorld, 3e-2 WebShop, 3e-4 math)"""
     clip_ratio_high: float = 4e-3
     """clip epsilon of the sequence ratio above 1 (ARLArena: 4e-3 ALFWorld, 4e-2 WebShop, 4e-4 math)"""
-    loss_agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
-                           "seq-mean-token-sum-norm"] = "seq-mean-token-mean"
+    loss_agg_mode: LossAgg = "seq-mean-token-mean"
     """aggregation of the KL and entropy terms (the GSPO loss itself is always seq-mean-token-mean)"""
     advantage_mode: Literal["cross-step", "vanilla"] = "cross-step"
     """group statistics over all rows of the group (ARLArena) or over per-episode means"""
@@ -808,6 +811,4 @@ def main(args: Args) -> None:
 
 
 if __name__ == "__main__":
-    import tyro
-
     main(tyro.cli(Args))
