@@ -158,7 +158,9 @@ class TextWorldEnv(TextEnv):
         self.game_file = cached_game(self.kind, self.settings, self.seed_offset + int(index), self.cache_dir)
         if self._loaded != self.game_file:
             self._start(self.game_file)
-        self._state = self._env.reset()
+        with warnings.catch_warnings():  # jericho warns on every load of a non-commercial game
+            warnings.filterwarnings("ignore", message=".*is not fully supported.*")
+            self._state = self._env.reset()
         self._plan = list(self._state.get("extra.walkthrough") or [])
         self._score, self._done = 0, False
         return self._state["feedback"], self._info(valid=True, score=0)
