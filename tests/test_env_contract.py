@@ -6,6 +6,9 @@ extra (alfworld / textworld) is not installed are skipped with that reason.
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import gymnasium as gym
 import pytest
 from gymnasium.utils.env_checker import check_env
@@ -75,3 +78,10 @@ def test_arbitrary_text_actions_are_invalid_not_errors(env_id):
         if terminated or truncated:
             env.reset(seed=7)
     env.close()
+
+
+def test_module_prefixed_id_registers_without_prior_import():
+    """``gym.make("arena_envs:ARL/...")`` imports the package itself (fresh interpreter, no import before)."""
+    code = ("import gymnasium as gym; env = gym.make('arena_envs:ARL/Sokoban-v0'); "
+            "obs, info = env.reset(seed=0); assert isinstance(obs, str) and 'won' in info")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
