@@ -480,17 +480,28 @@ class VLLMBackend:
 
     def __init__(self, model_path: str, tokenizer, args: Args, rank: int, world: int):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process engine: weights pass as tensors
+        from transformers import AutoConfig
         from vllm import LLM
 
         self.tokenizer, self.on_gpu = tokenizer, torch.cuda.is_available()
+        max_len = args.max_prompt_tokens + args.max_response_tokens
         kwargs: dict[str, Any] = dict(model=model_path, seed=args.seed + rank, enable_prefix_caching=True,
-                                      max_model_len=args.max_prompt_tokens + args.max_response_tokens)
+                                      max_model_len=max_len)
         if world > 1:
             kwargs["distributed_executor_backend"] = "external_launcher"  # one engine per rank
-        if self.on_gpu:
-            kwargs.update(gpu_memory_utilization=args.vllm_gpu_memory_utilization, enable_sleep_mode=True)
+        if self.on_gpu:  # the trainer's precision ('auto' would downcast a float32 checkpoint)
+            dtype = {"bf16": "bfloat16", "fp16": "float16"}.get(args.mixed_precision, "float32")
+            kwargs.update(dtype=dtype, gpu_memory_utilization=args.vllm_gpu_memory_utilization, enable_sleep_mode=True)
         else:
-            kwargs.update(enforce_eager=True)
+            # vLLM's CPU defaults run a float32 checkpoint in bf16 (log-prob gaps ~1e-2) and reserve ~90% of the
+            # RAM for the KV cache: compute in float32 and size the cache for every sequence of one turn at full
+            # length (VLLM_CPU_KVCACHE_SPACE, in GiB, overrides the size).
+            cfg = AutoConfig.from_pretrained(model_path).get_text_config()
+            head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+            kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+            seqs = max(args.num_groups // world * args.group_size, args.eval_episodes // world, 1)
+            kv_bytes = 2 * cfg.num_hidden_layers * kv_heads * head_dim * 4 * seqs * max_len  # K and V, float32
+            kwargs.update(dtype="float32", enforce_eager=True, kv_cache_memory_bytes=kv_bytes)
         self.llm = LLM(**kwargs)
 
     def generate(self, prompts, max_new_tokens, temperature, top_p, greedy):
