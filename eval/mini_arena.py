@@ -42,16 +42,17 @@ ROOT = Path(__file__).resolve().parents[1]
 
 #: Values for the ``Args`` fields left unset (None). See the README section "Mini-arena: the CPU default".
 PROFILES: dict[str, dict[str, Any]] = {
-    "tiny": dict(env_id="ARL/Sokoban-Mini-v0", model="tiny", tiny_size="xs", bc_episodes=1500, bc_max_steps=1000,
-                 bc_batch_size=64, bc_learning_rate=1e-3, bc_target=0.45, bc_eval_every=25, bc_eval_start=250, bc_eval_episodes=100,
-                 rl_iterations=40, num_groups=16, group_size=8, learning_rate=1e-4, mini_batch_size=128,
-                 rl_eval_every=5, rl_eval_episodes=100, eval_episodes=300, max_response_tokens=16),
+    "tiny": dict(env_id="ARL/Sokoban-Mini-v0", model="tiny", tiny_size="xs", bc_episodes=4000, bc_max_steps=800,
+                 bc_batch_size=64, bc_learning_rate=1e-3, bc_target=0.45, bc_eval_every=25, bc_eval_start=250,
+                 bc_eval_episodes=100, rl_iterations=40, num_groups=8, group_size=8, learning_rate=1e-4,
+                 temperature=0.5, mini_batch_size=128, rl_eval_every=5, rl_eval_episodes=100, eval_episodes=300,
+                 max_response_tokens=8),
     # The same recipe on the real pretrained SmolLM2-135M-Instruct: hours on a CPU, minutes on a GPU.
-    "smollm2": dict(env_id="ARL/Sokoban-Mini-v0", model="smollm2", tiny_size="xs", bc_episodes=1500,
-                    bc_max_steps=600, bc_batch_size=16, bc_learning_rate=5e-5, bc_target=0.45, bc_eval_every=50, bc_eval_start=50,
-                    bc_eval_episodes=100, rl_iterations=60, num_groups=16, group_size=8, learning_rate=2e-6,
-                    mini_batch_size=128, rl_eval_every=10, rl_eval_episodes=100, eval_episodes=300,
-                    max_response_tokens=24),
+    "smollm2": dict(env_id="ARL/Sokoban-Mini-v0", model="smollm2", tiny_size="xs", bc_episodes=1000,
+                    bc_max_steps=400, bc_batch_size=16, bc_learning_rate=5e-5, bc_target=0.45, bc_eval_every=50,
+                    bc_eval_start=50, bc_eval_episodes=100, rl_iterations=40, num_groups=8, group_size=8,
+                    learning_rate=2e-6, temperature=0.5, mini_batch_size=64, rl_eval_every=5, rl_eval_episodes=100,
+                    eval_episodes=300, max_response_tokens=16),
 }
 
 
@@ -97,6 +98,8 @@ class Args:
     """RL episodes per group"""
     learning_rate: float | None = None
     """RL learning rate"""
+    temperature: float | None = None
+    """RL rollout sampling temperature (log-probs use the same; < 1 keeps rollouts near the greedy policy)"""
     mini_batch_size: int | None = None
     """RL rows per optimizer step"""
     rl_eval_every: int | None = None
@@ -113,6 +116,9 @@ class Args:
     """CPU threads (1 avoids OpenMP contention on shared machines)"""
     skip_rl: bool = False
     """stop after BC (e.g. to build the checkpoint a sweep starts from)"""
+    merge: list[Path] = field(default_factory=list)
+    """run nothing: combine the results.json of these finished --out folders (e.g. one seed each, run in
+    parallel) into one report in --out"""
 
 
 def resolve(args: Args) -> Args:
@@ -227,7 +233,8 @@ def rl_command(args: Args, seed: int, bc_dir: Path, runs_dir: Path) -> list[str]
     return [sys.executable, str(ROOT / "algos" / f"{args.rl_script}.py"), "--model-path", str(bc_dir),
             "--env-id", args.env_id, "--seed", str(seed), "--num-iterations", str(args.rl_iterations),
             "--num-groups", str(args.num_groups), "--group-size", str(args.group_size),
-            "--learning-rate", str(args.learning_rate), "--mini-batch-size", str(args.mini_batch_size),
+            "--learning-rate", str(args.learning_rate), "--temperature", str(args.temperature),
+            "--mini-batch-size", str(args.mini_batch_size),
             "--micro-batch-size", str(args.mini_batch_size), "--max-response-tokens", str(args.max_response_tokens),
             "--history-length", "0", "--prompt-style", "compact", "--eval-every", str(args.rl_eval_every),
             "--eval-episodes", str(args.rl_eval_episodes), "--checkpoint-every", "0",
@@ -339,8 +346,10 @@ def write_report(results: dict[str, Any], out: Path) -> str:
         rl_cell = _pct(e["rl"]["success"]) if "rl" in e else "-"
         lines.append(f"| {r['seed']} | {r['bc']['step']} | {r['bc']['val_success']:.2f} | {_pct(e['bc']['success'])} "
                      f"| {rl_cell} | {t['bc_s']:.0f} | {t.get('rl_s', 0):.0f} | {t['eval_s']:.0f} |")
-    lines += ["", f"Total wall time {results['wall_s'] / 60:.1f} min; peak memory {results['peak_rss_mb']:.0f} MB "
-              "(largest process).", "", "![learning curve](learning_curve.png)", ""]
+    wall = (f"Wall time {results['wall_s'] / 60:.1f} min summed over {len(results['merged_from'])} runs"
+            if "merged_from" in results else f"Total wall time {results['wall_s'] / 60:.1f} min")
+    lines += ["", f"{wall}; peak memory {results['peak_rss_mb']:.0f} MB (largest process).", "",
+              "![learning curve](learning_curve.png)", ""]
     text = "\n".join(lines)
     (out / "report.md").write_text(text)
     return text
@@ -396,20 +405,44 @@ def _bc_curve_point(bc_result: EvalResult, args: Args, bc_dir: Path, curve_seeds
     return evaluate_model(args, bc_dir, "BC", curve_seeds).success.mean
 
 
+def merge_results(folders: list[Path]) -> dict[str, Any]:
+    """One results record from several finished pipeline folders (seeds must differ, settings must match)."""
+    records = []
+    for folder in folders:
+        path = Path(folder) / "results.json"
+        if not path.is_file():
+            raise SystemExit(f"--merge: no results.json in {folder}")
+        records.append(json.loads(path.read_text()))
+    ignore = ("seeds", "out", "merge")
+    settings = [{k: v for k, v in r["args"].items() if k not in ignore} for r in records]
+    if any(s != settings[0] for s in settings):
+        raise SystemExit("--merge: the folders were run with different settings")
+    per_seed = [p for r in records for p in r["per_seed"]]
+    if len({p["seed"] for p in per_seed}) != len(per_seed):
+        raise SystemExit("--merge: a seed appears twice")
+    args = {**records[0]["args"], "seeds": [p["seed"] for p in per_seed]}
+    return {"args": args, "per_seed": per_seed, "summary": summarize_seeds(per_seed),
+            "wall_s": sum(r["wall_s"] for r in records), "peak_rss_mb": max(r["peak_rss_mb"] for r in records),
+            "merged_from": [str(f) for f in folders]}
+
+
 def main(args: Args) -> dict[str, Any]:
     import torch
     from transformers.utils import logging as hf_logging
 
-    args = resolve(args)
-    torch.set_num_threads(args.torch_threads)
-    hf_logging.disable_progress_bar()
     args.out.mkdir(parents=True, exist_ok=True)
-    start = time.perf_counter()
-    per_seed = [run_seed(args, seed) for seed in args.seeds]
-    results = {"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(args).items()},
-               "per_seed": per_seed, "summary": summarize_seeds(per_seed), "wall_s": time.perf_counter() - start,
-               "peak_rss_mb": peak_rss_mb()}
-    plot_curves(per_seed, args.out / "learning_curve.png", args.rl_script.upper())
+    if args.merge:
+        results = merge_results(args.merge)
+    else:
+        args = resolve(args)
+        torch.set_num_threads(args.torch_threads)
+        hf_logging.disable_progress_bar()
+        start = time.perf_counter()
+        per_seed = [run_seed(args, seed) for seed in args.seeds]
+        results = {"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(args).items()},
+                   "per_seed": per_seed, "summary": summarize_seeds(per_seed), "wall_s": time.perf_counter() - start,
+                   "peak_rss_mb": peak_rss_mb()}
+    plot_curves(results["per_seed"], args.out / "learning_curve.png", results["args"]["rl_script"].upper())
     (args.out / "results.json").write_text(json.dumps(results, indent=1, default=str))
     print(write_report(results, args.out))
     return results

@@ -107,6 +107,25 @@ def test_summary_over_seeds_is_the_mean_and_the_paired_gain(pairs):
     assert s["bc"]["n"] == n
 
 
+def test_merge_combines_seeds_and_rejects_mismatches(tmp_path):
+    def fake(folder: Path, seed: int, lr: float) -> Path:
+        folder.mkdir()
+        record = {"args": {"seeds": [seed], "out": str(folder), "merge": [], "learning_rate": lr, "rl_script": "sampo"},
+                  "per_seed": [{"seed": seed, "eval": {"bc": {"success": {"mean": 0.4}},
+                                                       "rl": {"success": {"mean": 0.5 + seed / 100}}}}],
+                  "wall_s": 60.0, "peak_rss_mb": 100.0 * seed}
+        (folder / "results.json").write_text(json.dumps(record))
+        return folder
+
+    a, b = fake(tmp_path / "a", 1, 1e-4), fake(tmp_path / "b", 2, 1e-4)
+    merged = mini_arena.merge_results([a, b])
+    assert merged["args"]["seeds"] == [1, 2] and merged["wall_s"] == 120.0 and merged["peak_rss_mb"] == 200.0
+    assert math.isclose(merged["summary"]["gain"]["mean"], 0.115)
+    for bad in ([a, a], [a, fake(tmp_path / "c", 3, 3e-4)], [a, tmp_path / "missing"]):
+        with pytest.raises(SystemExit):
+            mini_arena.merge_results(bad)
+
+
 def test_sweep_config_covers_the_papers_methods():
     sweep = load_sweep(ROOT / "eval" / "configs" / "mini_arena.toml")
     methods = {j.method for j in sweep.jobs}
