@@ -548,17 +548,13 @@ class VLLMBackend:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        eos = self.tokenizer.eos_token_id
+        # Stop at the tokenizer's end token only, as HFBackend: ignore_eos drops the extra end tokens vLLM takes
+        # from generation_config.json (e.g. Qwen3's <|endoftext|>). The stop token stays in the response.
         params = SamplingParams(n=1, max_tokens=max_new_tokens, temperature=0.0 if greedy else temperature,
-                                top_p=1.0 if greedy else top_p, stop_token_ids=[eos])
+                                top_p=1.0 if greedy else top_p, stop_token_ids=[self.tokenizer.eos_token_id],
+                                ignore_eos=True)
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
-        result = []
-        for o in outs:
-            ids = list(o.outputs[0].token_ids)
-            if o.outputs[0].finish_reason == "stop" and (not ids or ids[-1] != eos):
-                ids.append(eos)  # the model must learn to stop: keep the end token in the row
-            result.append(ids)
-        return result
+        return [list(o.outputs[0].token_ids) for o in outs]
 
     def push(self, model) -> dict[str, float]:
         """Load the trained weights (``lm_head.weight`` included: tied embeddings are otherwise

@@ -55,12 +55,24 @@ def grpo():
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    from transformers import AutoConfig
+    """Tiny model whose generation_config.json lists a second end token, as Qwen3's lists <|endoftext|>
+    besides <|im_end|>: here the token it answers first to 'hi'. Rollouts stop at the tokenizer's end token
+    only, in both backends (transformers' GenerationConfig is built from the tokenizer's)."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
     from arena_models import build_tiny_model
 
     path = build_tiny_model(tmp_path_factory.mktemp("model"), corpus=["Push every box (X) onto a target (O)."])
     assert AutoConfig.from_pretrained(path).head_dim in (32, 64)  # vLLM's CPU attention rejects 16
+    tokenizer, model = AutoTokenizer.from_pretrained(path), AutoModelForCausalLM.from_pretrained(path)
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True,
+                                        tokenize=True, return_dict=True)["input_ids"]
+    with torch.no_grad():
+        first = int(model(input_ids=torch.tensor([list(ids)])).logits[0, -1].argmax())
+    assert first != tokenizer.eos_token_id
+    config = GenerationConfig.from_pretrained(path)
+    config.eos_token_id = [tokenizer.eos_token_id, first]
+    config.save_pretrained(path)
     return str(path)
 
 
@@ -115,6 +127,8 @@ def test_sampled_responses_are_well_formed(engine, hf, prompts):
     tokenizer = hf[1]
     out = engine.generate(prompts, MAX_NEW, 1.0, 1.0, False)
     check_responses(out, len(prompts), tokenizer.eos_token_id, len(tokenizer))
+    group = engine.generate([prompts[0]] * 4, MAX_NEW, 1.0, 1.0, False)  # a group's episodes share a first prompt
+    assert len({tuple(r) for r in group}) > 1
 
 
 @torch.no_grad()
