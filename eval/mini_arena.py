@@ -116,6 +116,8 @@ class Args:
     """CPU threads (1 avoids OpenMP contention on shared machines)"""
     skip_rl: bool = False
     """stop after BC (e.g. to build the checkpoint a sweep starts from)"""
+    resume: bool = False
+    """reuse the BC checkpoint and RL run of each seed recorded in <out>/results.json; evaluate again"""
     merge: list[Path] = field(default_factory=list)
     """run nothing: combine the results.json of these finished --out folders (e.g. one seed each, run in
     parallel) into one report in --out"""
@@ -258,14 +260,24 @@ def run_rl(args: Args, seed: int, bc_dir: Path, runs_dir: Path) -> dict[str, Any
 
 
 # --- stage 4: held-out evaluation ---------------------------------------------------------
-def evaluate_model(args: Args, path: str | Path, name: str, seeds: list[int]) -> EvalResult:
-    from eval.evaluate import load_model
+def evaluate_model(args: Args, path: str | Path, name: str, seeds: list[int]) -> tuple[EvalResult, list[int]]:
+    """Greedy held-out evaluation (as eval.evaluate) plus the per-seed outcomes, for paired comparisons."""
+    import gymnasium as gym
+
+    import wrappers
+    from eval.evaluate import load_model, summarize
 
     model, tokenizer = load_model(str(path), device="cpu")
     policy = hf_policy(model, tokenizer, greedy=True, max_new_tokens=args.max_response_tokens, max_prompt_tokens=512,
                        batch_size=256)
-    return evaluate_policy(args.env_id, policy, seeds, name=name, history_length=0, prompt_style="compact",
-                           progress=False)
+    start = time.perf_counter()
+    rollout = wrappers.GroupRollout(lambda: wrappers.make_env(args.env_id, history_length=0, prompt_style="compact"),
+                                    len(seeds), 1)
+    rollout.reset(seeds)
+    rollout.run(policy, gym.spec(args.env_id).max_episode_steps)
+    episodes = rollout.episodes()  # one per task seed, in seed order
+    return (summarize(name, args.env_id, episodes, 1, seconds=time.perf_counter() - start),
+            [int(ep.won) for ep in episodes])
 
 
 def evaluate_baselines(args: Args, seeds: list[int]) -> list[EvalResult]:
@@ -287,6 +299,9 @@ def summarize_seeds(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
     if len(rl) == len(bc):
         out["rl"] = _est(mean_ci(rl))
         out["gain"] = _est(mean_ci([b - a for a, b in zip(bc, rl)]))
+        wins = [r["eval"].get("wins") for r in per_seed]
+        if all(wins):  # every (pipeline seed, task seed) pair: the same tasks, different models
+            out["paired_gain_pooled"] = _est(mean_ci([y - x for w in wins for x, y in zip(w["bc"], w["rl"])]))
     return out
 
 
@@ -338,14 +353,17 @@ def write_report(results: dict[str, Any], out: Path) -> str:
     lines += ["## Over seeds", "", "| policy | success % (mean over seeds, 95 % t-interval) |", "|---|---|",
               f"| BC start | {_pct(summary['bc'])} |"]
     if "rl" in summary:
-        lines += [f"| {rl} | {_pct(summary['rl'])} |", f"| gain ({rl} − BC, paired) | {_pct(summary['gain'])} |"]
-    lines += ["", "| seed | BC steps | BC validation | BC held-out % | " + rl + " held-out % | BC s | RL s | eval s |",
-              "|---|---|---|---|---|---|---|---|"]
+        lines += [f"| {rl} | {_pct(summary['rl'])} |", f"| gain ({rl} − BC) | {_pct(summary['gain'])} |"]
+    if "paired_gain_pooled" in summary:
+        lines.append(f"| gain, paired per task seed, pooled over seeds | {_pct(summary['paired_gain_pooled'])} |")
+    lines += ["", f"| seed | BC steps | BC validation | BC held-out % | {rl} held-out % | paired gain % | BC s | RL s "
+              "| eval s |", "|---|---|---|---|---|---|---|---|---|"]
     for r in per_seed:
         e, t = r["eval"], r["timing"]
         rl_cell = _pct(e["rl"]["success"]) if "rl" in e else "-"
+        gain_cell = _pct(e["paired_gain"]) if "paired_gain" in e else "-"
         lines.append(f"| {r['seed']} | {r['bc']['step']} | {r['bc']['val_success']:.2f} | {_pct(e['bc']['success'])} "
-                     f"| {rl_cell} | {t['bc_s']:.0f} | {t.get('rl_s', 0):.0f} | {t['eval_s']:.0f} |")
+                     f"| {rl_cell} | {gain_cell} | {t['bc_s']:.0f} | {t.get('rl_s', 0):.0f} | {t['eval_s']:.0f} |")
     wall = (f"Wall time {results['wall_s'] / 60:.1f} min summed over {len(results['merged_from'])} runs"
             if "merged_from" in results else f"Total wall time {results['wall_s'] / 60:.1f} min")
     lines += ["", f"{wall}; peak memory {results['peak_rss_mb']:.0f} MB (largest process).", "",
@@ -362,47 +380,58 @@ def peak_rss_mb() -> float:
 
 
 # --- pipeline ------------------------------------------------------------------------------
+def _previous(args: Args, seed: int) -> dict[str, Any] | None:
+    """This seed's record in an earlier results.json of --out (for --resume)."""
+    path = args.out / "results.json"
+    if not args.resume or not path.is_file():
+        return None
+    return next((r for r in json.loads(path.read_text())["per_seed"] if r["seed"] == seed), None)
+
+
 def run_seed(args: Args, seed: int) -> dict[str, Any]:
     seed_dir = args.out / f"seed{seed}"
     seed_dir.mkdir(parents=True, exist_ok=True)
-    print(f"[seed {seed}] BC on {args.env_id} ({args.model})", flush=True)
-    t0 = time.perf_counter()
-    bc = run_bc(args, seed, seed_dir / "bc")
-    bc["target"] = args.bc_target
-    record: dict[str, Any] = {"seed": seed, "bc": bc, "timing": {"bc_s": time.perf_counter() - t0}}
+    prev = _previous(args, seed)
+    if prev is not None and (seed_dir / "bc" / "bc_summary.json").is_file():
+        bc, timing = prev["bc"], {"bc_s": prev["timing"]["bc_s"]}
+        print(f"[seed {seed}] BC: reusing {seed_dir / 'bc'}", flush=True)
+    else:
+        print(f"[seed {seed}] BC on {args.env_id} ({args.model})", flush=True)
+        t0 = time.perf_counter()
+        bc = run_bc(args, seed, seed_dir / "bc")
+        bc["target"] = args.bc_target
+        timing = {"bc_s": time.perf_counter() - t0}
+    record: dict[str, Any] = {"seed": seed, "bc": bc, "timing": timing}
     print(f"[seed {seed}] BC checkpoint: step {bc['step']}, validation success {bc['val_success']:.3f}, "
           f"{bc['params'] / 1e6:.2f} M parameters", flush=True)
-    if not args.skip_rl:
+    if not args.skip_rl and prev is not None and "rl" in prev and Path(prev["rl"]["model"]).is_dir():
+        record["rl"], timing["rl_s"] = prev["rl"], prev["timing"]["rl_s"]
+        print(f"[seed {seed}] RL: reusing {prev['rl']['model']}", flush=True)
+    elif not args.skip_rl:
         print(f"[seed {seed}] RL: algos/{args.rl_script}.py, {args.rl_iterations} iterations", flush=True)
         t1 = time.perf_counter()
         record["rl"] = run_rl(args, seed, seed_dir / "bc", seed_dir)
-        record["timing"]["rl_s"] = time.perf_counter() - t1
-        final = [m for m in record["rl"]["metrics"] if "eval/success_rate" in m]
-        print(f"[seed {seed}] RL done in {record['timing']['rl_s']:.0f} s; last in-run held-out success "
-              f"{final[-1]['eval/success_rate']:.3f}" if final else "", flush=True)
+        timing["rl_s"] = time.perf_counter() - t1
     t2 = time.perf_counter()
     seeds = [EVAL_SEED_OFFSET + k for k in range(args.eval_episodes)]
-    results = [evaluate_model(args, seed_dir / "bc", "BC start", seeds)]
-    if "rl" in record:
-        results.append(evaluate_model(args, record["rl"]["model"], args.rl_script.upper(), seeds))
-    results += evaluate_baselines(args, seeds)
-    record["eval"] = {"table": format_results(results), "bc": results[0].as_dict(),
-                      "baselines": [r.as_dict() for r in results[-2:]],
+    bc_result, bc_wins = evaluate_model(args, seed_dir / "bc", "BC start", seeds)
+    results = [bc_result]
+    record["eval"] = {"bc": bc_result.as_dict(),
                       # iteration 0 of the learning curve: BC on the RL run's in-training evaluation seeds
-                      "bc_curve_point": _bc_curve_point(results[0], args, seed_dir / "bc",
-                                                        seeds[:args.rl_eval_episodes])}
+                      "bc_curve_point": float(np.mean(bc_wins[:args.rl_eval_episodes]))}
     if "rl" in record:
-        record["eval"]["rl"] = results[1].as_dict()
-    record["timing"]["eval_s"] = time.perf_counter() - t2
+        rl_result, rl_wins = evaluate_model(args, record["rl"]["model"], args.rl_script.upper(), seeds)
+        results.append(rl_result)
+        record["eval"]["rl"] = rl_result.as_dict()
+        # same task seeds for both policies: a paired interval on the per-seed difference is much tighter
+        record["eval"]["paired_gain"] = _est(mean_ci([r - b for b, r in zip(bc_wins, rl_wins)]))
+        record["eval"]["wins"] = {"bc": bc_wins, "rl": rl_wins}
+    baselines = evaluate_baselines(args, seeds)
+    results += baselines
+    record["eval"].update(table=format_results(results), baselines=[r.as_dict() for r in baselines])
+    timing["eval_s"] = time.perf_counter() - t2
     print(f"[seed {seed}] held-out evaluation\n{record['eval']['table']}", flush=True)
     return record
-
-
-def _bc_curve_point(bc_result: EvalResult, args: Args, bc_dir: Path, curve_seeds: list[int]) -> float:
-    """BC's success on the first ``rl_eval_episodes`` held-out seeds: iteration 0 of the learning curve."""
-    if len(curve_seeds) == args.eval_episodes:
-        return bc_result.success.mean
-    return evaluate_model(args, bc_dir, "BC", curve_seeds).success.mean
 
 
 def merge_results(folders: list[Path]) -> dict[str, Any]:
@@ -413,7 +442,7 @@ def merge_results(folders: list[Path]) -> dict[str, Any]:
         if not path.is_file():
             raise SystemExit(f"--merge: no results.json in {folder}")
         records.append(json.loads(path.read_text()))
-    ignore = ("seeds", "out", "merge")
+    ignore = ("seeds", "out", "merge", "resume")
     settings = [{k: v for k, v in r["args"].items() if k not in ignore} for r in records]
     if any(s != settings[0] for s in settings):
         raise SystemExit("--merge: the folders were run with different settings")
@@ -437,11 +466,16 @@ def main(args: Args) -> dict[str, Any]:
         args = resolve(args)
         torch.set_num_threads(args.torch_threads)
         hf_logging.disable_progress_bar()
+        prev_path = args.out / "results.json"
+        prev = json.loads(prev_path.read_text()) if args.resume and prev_path.is_file() else None
         start = time.perf_counter()
         per_seed = [run_seed(args, seed) for seed in args.seeds]
+        wall, peak = time.perf_counter() - start, peak_rss_mb()
+        if prev is not None:  # reused stages count with their original times and memory
+            wall = sum(sum(r["timing"].values()) for r in per_seed)
+            peak = max(peak, prev["peak_rss_mb"])
         results = {"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(args).items()},
-                   "per_seed": per_seed, "summary": summarize_seeds(per_seed), "wall_s": time.perf_counter() - start,
-                   "peak_rss_mb": peak_rss_mb()}
+                   "per_seed": per_seed, "summary": summarize_seeds(per_seed), "wall_s": wall, "peak_rss_mb": peak}
     plot_curves(results["per_seed"], args.out / "learning_curve.png", results["args"]["rl_script"].upper())
     (args.out / "results.json").write_text(json.dumps(results, indent=1, default=str))
     print(write_report(results, args.out))
