@@ -305,7 +305,7 @@ def summarize_seeds(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def plot_curves(per_seed: list[dict[str, Any]], path: Path, rl_name: str) -> None:
+def plot_curves(per_seed: list[dict[str, Any]], path: Path, rl_name: str, temperature: float) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -324,7 +324,7 @@ def plot_curves(per_seed: list[dict[str, Any]], path: Path, rl_name: str) -> Non
         its = [0] + [i for i, _ in evals]
         ax_rl.plot(its, [start] + [v for _, v in evals], "o-", color=color, ms=3, label=f"seed {r['seed']} held-out greedy")
         ax_rl.plot([m["iteration"] for m in r["rl"]["metrics"]], [m["rollout/success_rate"] for m in r["rl"]["metrics"]],
-                   ":", color=color, alpha=0.6, label=f"seed {r['seed']} rollouts (T=1)")
+                   ":", color=color, alpha=0.6, label=f"seed {r['seed']} training rollouts (T={temperature:g})")
     ax_bc.axhline(per_seed[0]["bc"]["target"], color="grey", ls="--", lw=0.8)
     ax_bc.set(title="behaviour cloning (stops at the target)", xlabel="BC step", ylabel="validation success",
               ylim=(0, 1))
@@ -476,7 +476,8 @@ def main(args: Args) -> dict[str, Any]:
             peak = max(peak, prev["peak_rss_mb"])
         results = {"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(args).items()},
                    "per_seed": per_seed, "summary": summarize_seeds(per_seed), "wall_s": wall, "peak_rss_mb": peak}
-    plot_curves(results["per_seed"], args.out / "learning_curve.png", results["args"]["rl_script"].upper())
+    plot_curves(results["per_seed"], args.out / "learning_curve.png", results["args"]["rl_script"].upper(),
+                results["args"]["temperature"])
     (args.out / "results.json").write_text(json.dumps(results, indent=1, default=str))
     print(write_report(results, args.out))
     return results
