@@ -65,8 +65,8 @@ def main() -> None:
     n_it = len(metrics)
     rollout = sum(m["perf/time_rollout_s"] for m in metrics)
     update = sum(m["perf/time_update_s"] for m in metrics)
-    label = "quick" if opts.quick else "default" if opts.results is None else str(opts.results)
-    print(f"mini-arena pipeline ({label} settings, seed {seed['seed']}), "
+    label = "quick settings" if opts.quick else "default settings" if opts.results is None else str(opts.results)
+    print(f"mini-arena pipeline ({label}, seed {seed['seed']}), "
           f"{results['args']['env_id']}, {seed['bc']['params'] / 1e6:.2f} M parameters")
     print(f"{'stage':<34}{'wall s':>9}{'share':>8}")
     rows = [("BC (data, training, validation)", t["bc_s"]), (f"RL ({n_it} iterations, incl. start-up)", t["rl_s"]),
