@@ -39,14 +39,15 @@ import tyro
 #: Values for the profile-dependent ``Args`` fields left unset (``None``) on the command line.
 PROFILES: dict[str, dict[str, Any]] = {
     # Finishes in minutes on one CPU thread: tiny BC model from `python algos/sft.py`, compact prompt.
-    "cpu-tiny": dict(model_path="checkpoints/sft-sokoban-tiny", num_iterations=30, num_groups=16, group_size=8,
-                     max_turns=15, history_length=0, prompt_style="compact", max_prompt_tokens=512,
-                     max_response_tokens=24, learning_rate=3e-5, mini_batch_size=256, micro_batch_size=128,
-                     update_epochs=1, rollout_backend="hf", mixed_precision="no", eval_every=10, eval_episodes=64,
-                     checkpoint_every=10),
+    # Rollouts at T=0.5 stay near the greedy policy of an under-trained BC model (README "Mini-arena").
+    "cpu-tiny": dict(env_id="ARL/Sokoban-Mini-v0", model_path="checkpoints/sft-sokoban-tiny", num_iterations=30,
+                     num_groups=8, group_size=8, max_turns=10, history_length=0, prompt_style="compact",
+                     max_prompt_tokens=512, max_response_tokens=16, temperature=0.5, learning_rate=1e-4,
+                     mini_batch_size=128, micro_batch_size=128, update_epochs=1, rollout_backend="hf",
+                     mixed_precision="no", eval_every=10, eval_episodes=100, checkpoint_every=10),
     # ARLArena's shared recipe (§1.3): BC'd Qwen3-4B, 16 groups x 8, lr 1e-6, mini-batch 256, bf16, vLLM.
-    "gpu": dict(model_path="Qwen/Qwen3-4B", num_iterations=200, num_groups=16, group_size=8, max_turns=15,
-                history_length=2, prompt_style="full", max_prompt_tokens=2048, max_response_tokens=512,
+    "gpu": dict(env_id="ARL/Sokoban-v0", model_path="Qwen/Qwen3-4B", temperature=1.0, num_iterations=200,
+                num_groups=16, group_size=8, max_turns=15, history_length=2, prompt_style="full", max_prompt_tokens=2048, max_response_tokens=512,
                 learning_rate=1e-6, mini_batch_size=256, micro_batch_size=8, update_epochs=1,
                 rollout_backend="auto", mixed_precision="bf16", eval_every=10, eval_episodes=128,
                 checkpoint_every=10),
@@ -68,8 +69,8 @@ class Args:
     """name of this experiment (the script name)"""
     profile: Literal["cpu-tiny", "gpu"] = "cpu-tiny"
     """fills every field left unset (None): cpu-tiny = minutes on a laptop, gpu = ARLArena's recipe"""
-    env_id: str = "ARL/Sokoban-v0"
-    """registered ARLArena env id"""
+    env_id: str | None = None
+    """registered ARLArena env id (cpu-tiny: ARL/Sokoban-Mini-v0, gpu: ARL/Sokoban-v0)"""
     model_path: str | None = None
     """HF hub id or local folder ('tiny', 'smollm2' = offline models from arena_models)"""
     num_iterations: int | None = None
@@ -88,7 +89,7 @@ class Args:
     """prompts longer than this keep their last tokens"""
     max_response_tokens: int | None = None
     """new tokens generated per turn"""
-    temperature: float = 1.0
+    temperature: float | None = None
     """sampling temperature of training rollouts (log-probs use the same temperature)"""
     top_p: float = 1.0
     """nucleus sampling of training rollouts"""

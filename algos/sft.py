@@ -34,7 +34,7 @@ VALIDATION_SEED_OFFSET = 900_000_000
 
 @dataclass
 class Args:
-    env_id: str = "ARL/Sokoban-v0"
+    env_id: str = "ARL/Sokoban-Mini-v0"
     """registered ARLArena env id"""
     model_path: str = "tiny"
     """'tiny' (fresh tiny Qwen3), 'smollm2', a local folder or a HF hub id"""
@@ -48,7 +48,7 @@ class Args:
     """probability of executing a random action instead of the expert's (recovery states)"""
     think: str = ""
     """text placed inside <think></think> of every expert response"""
-    max_turns: int = 15
+    max_turns: int = 10
     """turn budget per episode (data and evaluation)"""
     history_length: int = 0
     """past (observation, action) pairs in the prompt (must match grpo.py)"""
@@ -60,7 +60,7 @@ class Args:
     """prompts longer than this keep their last tokens"""
     max_response_tokens: int = 24
     """generation budget in evaluation"""
-    num_steps: int = 600
+    num_steps: int = 800
     """optimizer steps"""
     batch_size: int = 64
     """examples per step"""
