@@ -4,35 +4,22 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import needs_accelerate, two_process_launch
 
 from arena_models import build_tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which("accelerate") is None and not (Path(sys.executable).parent / "accelerate").exists(),
-                    reason="accelerate CLI not found")
+@needs_accelerate
 def test_two_process_run_keeps_ranks_in_sync(tmp_path):
     model = build_tiny_model(tmp_path / "model")
-    launcher = str(Path(sys.executable).parent / "accelerate")
-    # `--cpu` silently starts one process: --multi_gpu + Accelerator(cpu=True) in the script gives two.
-    cmd = [launcher, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-           "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
-           str(ROOT / "algos" / "grpo.py"), "--model-path", str(model), "--output-dir", str(tmp_path / "runs"),
+    cmd = [*two_process_launch(ROOT / "algos" / "grpo.py"), "--model-path", str(model), "--output-dir", str(tmp_path / "runs"),
            "--run-name", "r", "--num-iterations", "2", "--num-groups", "2", "--group-size", "2", "--max-turns", "2",
            "--max-response-tokens", "8", "--mini-batch-size", "2", "--micro-batch-size", "1",
            "--eval-every", "0", "--eval-episodes", "2", "--learning-rate", "1e-3"]

@@ -7,13 +7,12 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import needs_accelerate, two_process_launch
 
 from arena_models import build_tiny_model
 
@@ -79,22 +78,12 @@ def test_script_runs_two_iterations(name, tiny, tmp_path):
         assert lines[0]["rollout/gen_batches"] == (1 if name == "dapo" else 2)  # dapo: cold start on iteration 1
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which("accelerate") is None and not (Path(sys.executable).parent / "accelerate").exists(),
-                    reason="accelerate CLI not found")
+@needs_accelerate
 @pytest.mark.parametrize("name", ["ppo", "empg", "sampo"])  # critic DDP + global whitening, gathers, per-rank sampling
 def test_two_process_run_keeps_ranks_in_sync(name, tiny, tmp_path):
-    launcher = str(Path(sys.executable).parent / "accelerate")
     options, _ = CASES[name]
-    cmd = [launcher, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision",
-           "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()), str(ROOT / "algos" / f"{name}.py"),
-           "--model-path", tiny, "--output-dir", str(tmp_path), "--run-name", "r", *SMALL, *options,
+    cmd = [*two_process_launch(ROOT / "algos" / f"{name}.py"), "--model-path", tiny, "--output-dir", str(tmp_path), "--run-name", "r", *SMALL, *options,
            "--learning-rate", "1e-3"]
     proc = subprocess.run(cmd, env=env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
