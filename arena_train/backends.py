@@ -14,8 +14,35 @@ from typing import Any
 
 import torch
 
+from arena_train.logprob import token_logprobs
+
 #: Fewer leading columns shared by a whole batch are not worth a separate prefill.
 MIN_SHARED_COLUMNS = 8
+
+
+def logits_warpers(temperature: float, top_k: int, top_p: float) -> list:
+    """transformers' sampling warpers in ``generate``'s order (temperature, top-k, top-p), each only when active."""
+    from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+    warpers: list = []
+    if temperature != 1.0:
+        warpers.append(TemperatureLogitsWarper(temperature))
+    if top_k:
+        warpers.append(TopKLogitsWarper(top_k=top_k))
+    if top_p < 1.0:
+        warpers.append(TopPLogitsWarper(top_p=top_p))
+    return warpers
+
+
+def sample_categorical(probs: torch.Tensor) -> torch.Tensor:
+    """One index per row of ``probs`` (B, V) drawn with probability ``probs[b, v] / probs[b].sum()``: inverse-CDF
+    sampling on the float64 cumulative sums, with one uniform number per row (B,).
+
+    Row b picks the v with cdf[v - 1] <= u < cdf[v], u uniform on [0, cdf[-1]) (a float64 uniform below 1 times
+    a positive double stays below it): an index of probability 0 has cdf[v - 1] == cdf[v] and is never picked."""
+    cdf = probs.double().cumsum(-1)  # (B, V)
+    u = torch.rand((probs.shape[0], 1), dtype=torch.float64, device=probs.device) * cdf[:, -1:]  # (B, 1)
+    return (cdf <= u).sum(-1)  # (B,)
 
 
 class HFBackend:
@@ -24,29 +51,40 @@ class HFBackend:
     ``top_k`` applies to sampled generation only (0 = off; a ``generate`` call may override it); a tokenizer
     without a pad token pads with its end token. ``share_prompts``: identical prompts of a batch (the G episodes of
     a group on their first turn, every row of single-turn GRPO) are prefilled once and their KV cache copied,
-    instead of G times; so are the leading columns common to the whole batch (``_shared_prefill``)."""
+    instead of G times; so are the leading columns common to the whole batch (``_shared_prefill``).
+    ``score_rollouts`` says that ``generate_scored``'s log-probs may stand in for the policy's scoring pass: set
+    it only when ``model`` is the trained policy itself in float32 without autocast, where the decoding pass and a
+    full forward agree to float rounding (in bf16 they differ by ~1e-2)."""
 
-    def __init__(self, model, tokenizer, batch_size: int = 256, top_k: int = 0, share_prompts: bool = True):
+    def __init__(self, model, tokenizer, batch_size: int = 256, top_k: int = 0, share_prompts: bool = True,
+                 score_rollouts: bool = False):
         self.model, self.tokenizer, self.batch_size, self.top_k = model, tokenizer, batch_size, top_k
-        self.share_prompts = share_prompts
+        self.share_prompts, self.score_rollouts = share_prompts, score_rollouts
 
-    @torch.no_grad()
     def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float,
                  greedy: bool, top_k: int | None = None) -> list[list[int]]:
         """New token ids per prompt (left-padded batches of ``batch_size``), cut after the first end token;
         ``top_k=None`` uses the backend's."""
-        from transformers import GenerationConfig
+        return self._generate(prompts, max_new_tokens, temperature, top_p, greedy, top_k, scored=False)[0]
 
+    def generate_scored(self, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float,
+                        top_k: int | None = None) -> tuple[list[list[int]], list[list[float]], list[list[float]]]:
+        """Sampled ``generate`` with, per new token, its log-prob and the entropy of its distribution at
+        ``temperature`` (before top-k / top-p, as ``arena_train.batching.sequence_logprobs`` scores them)."""
+        return self._generate(prompts, max_new_tokens, temperature, top_p, False, top_k, scored=True)
+
+    @torch.no_grad()
+    def _generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float,
+                  greedy: bool, top_k: int | None, scored: bool
+                  ) -> tuple[list[list[int]], list[list[float]], list[list[float]]]:
         tok, device = self.tokenizer, next(self.model.parameters()).device
         pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-        # top_k=0 disables top-k; None would inherit the model's generation_config (Qwen3: top_k=20)
-        config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=not greedy,
-                                  top_k=(self.top_k if top_k is None else top_k) if not greedy else 0,
-                                  temperature=temperature if not greedy else 1.0, top_p=top_p if not greedy else 1.0,
-                                  eos_token_id=tok.eos_token_id, pad_token_id=pad_id)
+        warpers = [] if greedy else logits_warpers(temperature, self.top_k if top_k is None else top_k, top_p)
         was_training = self.model.training
         self.model.eval()
         outputs: list[list[int]] = []
+        logps: list[list[float]] = []
+        entropies: list[list[float]] = []
         for i in range(0, len(prompts), self.batch_size):
             chunk = prompts[i:i + self.batch_size]
             L = max(len(p) for p in chunk)
@@ -54,19 +92,69 @@ class HFBackend:
             attn = torch.zeros((len(chunk), L), dtype=torch.long)
             for b, p in enumerate(chunk):
                 ids[b, L - len(p):], attn[b, L - len(p):] = torch.tensor(p), 1
-            extra = self._shared_prefill(chunk, ids, attn, device) if self.share_prompts else {}
-            gen = self.model.generate(input_ids=ids.to(device), attention_mask=attn.to(device),
-                                      generation_config=config, **extra)[:, L:].tolist()
-            for seq in gen:
-                if tok.eos_token_id in seq:
-                    seq = seq[:seq.index(tok.eos_token_id) + 1]
-                outputs.append(seq)
+            ids, attn = ids.to(device), attn.to(device)
+            cache = self._shared_prefill(chunk, ids, attn, device) if self.share_prompts else None
+            gen, logp, entropy = self._decode(ids, attn, cache, max_new_tokens, warpers, tok.eos_token_id, pad_id,
+                                              temperature if scored else None)
+            for b, seq in enumerate(gen.tolist()):
+                n = seq.index(tok.eos_token_id) + 1 if tok.eos_token_id in seq else len(seq)
+                outputs.append(seq[:n])
+                if scored:
+                    logps.append(logp[b, :n].tolist())
+                    entropies.append(entropy[b, :n].tolist())
         self.model.train(was_training)
-        return outputs
+        return outputs, logps, entropies
 
-    def _shared_prefill(self, chunk: list[list[int]], ids: torch.Tensor, attn: torch.Tensor, device) -> dict:
-        """``past_key_values`` for all but the last column of the left-padded batch, so that ``generate`` runs only
-        the last prompt column and the new tokens; {} when nothing is shared. The cache is computed once per
+    def _decode(self, ids: torch.Tensor, attn: torch.Tensor, cache, max_new_tokens: int, warpers: list,
+                eos_id: int, pad_id: int, score_temperature: float | None
+                ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """(B, N <= max_new_tokens) new tokens of the left-padded batch ``ids`` / ``attn`` (B, L), pad after a row's
+        end token, stopping once every row has ended; ``cache`` holds the KV of all but the last prompt column.
+        With ``score_temperature``, also the (B, N) log-probs of the new tokens and entropies at that temperature.
+
+        The loop of ``generate(do_sample=...)`` without its per-step machinery (kwargs preparation, stopping
+        criteria, the logits-processor list): the same model calls (positions = cumsum of the mask - 1, as
+        ``generate`` sets them), transformers' own warpers, and inverse-CDF sampling (``sample_categorical``) in
+        place of ``torch.multinomial``, whose per-row set-up dominated a decoding step of a small model."""
+        positions = (attn.cumsum(-1) - 1).masked_fill(attn == 0, 1)
+        start = 0 if cache is None else ids.shape[1] - 1
+        out = self.model(input_ids=ids[:, start:], attention_mask=attn, position_ids=positions[:, start:],
+                         past_key_values=cache, use_cache=True, logits_to_keep=1)
+        last = positions[:, -1]
+        done = torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)
+        new: list[torch.Tensor] = []
+        scores: list[tuple[torch.Tensor, torch.Tensor]] = []
+        for step in range(max_new_tokens):
+            logits = out.logits[:, -1].float()  # (B, V)
+            raw = logits
+            if warpers:
+                for warp in warpers:
+                    logits = warp(None, logits)
+                token = sample_categorical(logits.softmax(-1))
+            else:
+                token = logits.argmax(-1)
+            token = token.masked_fill(done, pad_id)
+            new.append(token)
+            if score_temperature is not None:
+                scores.append(token_logprobs(raw, token, score_temperature))
+            done |= token == eos_id
+            if step == max_new_tokens - 1 or bool(done.all()):
+                break
+            attn = torch.cat([attn, attn.new_ones((attn.shape[0], 1))], dim=1)
+            last = last + 1
+            out = self.model(input_ids=token[:, None], attention_mask=attn, position_ids=last[:, None],
+                             past_key_values=out.past_key_values, use_cache=True)
+        if not new:
+            empty = ids.new_zeros((ids.shape[0], 0))
+            return empty, empty.float(), empty.float()
+        if score_temperature is None:
+            return torch.stack(new, dim=1), None, None
+        return (torch.stack(new, dim=1), torch.stack([lp for lp, _ in scores], dim=1),
+                torch.stack([h for _, h in scores], dim=1))
+
+    def _shared_prefill(self, chunk: list[list[int]], ids: torch.Tensor, attn: torch.Tensor, device):
+        """The KV cache of all but the last column of the left-padded batch, so that decoding runs only the last
+        prompt column and the new tokens; None when nothing is shared. The cache is computed once per
         distinct prompt, and the leading columns that every distinct prompt has in common (the instructions of
         later turns, when the prompts have one length) once for the whole batch; then indexed out to the rows.
         Positions follow ``generate``'s rule (cumsum of the mask - 1)."""
@@ -79,7 +167,7 @@ class HFBackend:
         if common < MIN_SHARED_COLUMNS:
             common = 0
         if (len(slots) == len(chunk) and not common) or u_ids.shape[1] < 1:
-            return {}
+            return None
         positions = (u_attn.cumsum(-1) - 1).masked_fill(u_attn == 0, 1)
         cache = None
         if common:
@@ -91,7 +179,7 @@ class HFBackend:
             cache = self.model(input_ids=u_ids[:, common:], attention_mask=u_attn, position_ids=positions[:, common:],
                                past_key_values=cache, use_cache=True, logits_to_keep=1).past_key_values
         cache.reorder_cache(torch.tensor(row_slot, device=device))
-        return {"past_key_values": cache}
+        return cache
 
     def push(self, model) -> dict[str, float]:
         return {}

@@ -207,12 +207,20 @@ def score_rows(policy, ref_model, rows: list[Row], *, micro_batch_size: int, tem
     to ``stats["time_score"]``.
 
     ``skip_policy`` = the update's first mini-batch (``first_minibatch``), whose own forward gives those rows' old
-    log-probs (``fill_old_logp``). With sharded models every process runs as many passes as the busiest one (the
-    extra ones score rows again and discard them): each pass all-gathers weights, a collective all processes must
-    join.
+    log-probs (``fill_old_logp``). Other rows scored by the rollout itself (``Row.rollout_logp``) take those
+    log-probs and entropies instead of a forward pass. With sharded models every process runs as many passes as
+    the busiest one (the extra ones score rows again and discard them): each pass all-gathers weights, a
+    collective all processes must join.
     """
     start = time.perf_counter()
-    policy_rows = [r for j, r in enumerate(rows) if j not in skip_policy]
+    policy_rows = []
+    for j, r in enumerate(rows):
+        if j in skip_policy:
+            continue
+        if r.rollout_logp is not None:  # the generation pass scored it with these very weights
+            r.old_logp, r.entropy = r.rollout_logp, r.rollout_entropy
+        else:
+            policy_rows.append(r)
     for model, subset, is_policy in ((policy, policy_rows, True), (ref_model, rows, False)):
         if model is None:
             continue

@@ -42,6 +42,8 @@ class Row:
     old_logp: np.ndarray | None = None  # (len(response_ids),) log-probs before the update
     ref_logp: np.ndarray | None = None  # (len(response_ids),) log-probs of the reference model
     entropy: float = 0.0  # mean token entropy of the response under the old policy (EMPG)
+    rollout_logp: np.ndarray | None = None  # (len(response_ids),) log-probs from the generation pass itself
+    rollout_entropy: float = 0.0  # mean token entropy from the generation pass (with rollout_logp)
     extra: dict[str, Any] = field(default_factory=dict)  # room for method-specific data
     loss_mask: np.ndarray | None = None  # (len(response_ids),) 1 = policy token, 0 = env token; None = all 1
     turns: list[TurnSpan] = field(default_factory=list)  # trajectory rows: every turn's span (empty for step rows)
@@ -52,7 +54,7 @@ class RolloutConfig:
     """How one rollout generates: turn budget, prompt and response lengths, sampling."""
 
     max_turns: int
-    max_prompt_tokens: int  # longer prompts drop their oldest history pairs first (fit_prompt)
+    max_prompt_tokens: int  # longer prompts drop their oldest history pairs first (fit_prompts)
     max_response_tokens: int  # new tokens per turn
     temperature: float = 1.0  # ignored by greedy rollouts
     top_p: float = 1.0  # ignored by greedy rollouts
@@ -65,28 +67,59 @@ class RolloutConfig:
 VAL_TEMPERATURE, VAL_TOP_P, VAL_TOP_K = 0.6, 0.95, 20
 
 
-def encode_prompt(tokenizer, messages: list[dict[str, str]], max_tokens: int) -> tuple[list[int], bool]:
-    """Chat-template token ids with the generation prompt, and whether they were cut to ``max_tokens``.
+def encode_prompts(tokenizer, conversations: list[list[dict[str, str]]], max_tokens: int
+                   ) -> list[tuple[list[int], bool]]:
+    """Chat-template token ids with the generation prompt of each conversation, and whether they were cut to
+    ``max_tokens``; one batched template call and one batched tokenizer call.
 
     A cut drops the middle and keeps the first and last halves: the start holds the instructions and the task,
     the end the admissible actions, the answer format and the generation prompt."""
-    ids = list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                             return_dict=True)["input_ids"])
-    if len(ids) <= max_tokens:
-        return ids, False
-    head = max_tokens // 2
-    return ids[:head] + ids[len(ids) - (max_tokens - head):], True
+    if not conversations:
+        return []
+    texts = tokenizer.apply_chat_template(conversations, add_generation_prompt=True, tokenize=False)
+    # what tokenize=True does with the rendered text, without building the attention masks nobody reads
+    encoded = tokenizer(texts, add_special_tokens=False, return_attention_mask=False)["input_ids"]
+    out = []
+    for ids in encoded:
+        ids = list(ids)
+        if len(ids) <= max_tokens:
+            out.append((ids, False))
+        else:
+            head = max_tokens // 2
+            out.append((ids[:head] + ids[len(ids) - (max_tokens - head):], True))
+    return out
+
+
+def encode_prompt(tokenizer, messages: list[dict[str, str]], max_tokens: int) -> tuple[list[int], bool]:
+    """``encode_prompts`` of one conversation."""
+    return encode_prompts(tokenizer, [messages], max_tokens)[0]
+
+
+def fit_prompts(tokenizer, variants: list[list[list[dict[str, str]]]], max_tokens: int
+                ) -> list[tuple[list[int], int, bool]]:
+    """Per prompt, (token ids, history pairs dropped, cut) of the first of its ``variants`` (the prompt, then the
+    same with the oldest 1, 2, ... history pairs left out) that fits ``max_tokens``; when none fits, the last one
+    cut in the middle (``encode_prompts``). Each round encodes the next variant of every prompt still too long in
+    one batch."""
+    if any(not v for v in variants):
+        raise ValueError("fit_prompts needs at least one variant per prompt")
+    result: list[tuple[list[int], int, bool] | None] = [None] * len(variants)
+    pending, dropped = list(range(len(variants))), 0
+    while pending:
+        encoded = encode_prompts(tokenizer, [variants[k][dropped] for k in pending], max_tokens)
+        still = []
+        for k, (ids, cut) in zip(pending, encoded):
+            if cut and dropped < len(variants[k]) - 1:
+                still.append(k)
+            else:
+                result[k] = (ids, dropped, cut)
+        pending, dropped = still, dropped + 1
+    return result  # type: ignore[return-value]
 
 
 def fit_prompt(tokenizer, variants: list[list[dict[str, str]]], max_tokens: int) -> tuple[list[int], int, bool]:
-    """(token ids, history pairs dropped, cut) of the first of ``variants`` (the prompt, then the same with the
-    oldest 1, 2, ... history pairs left out) that fits ``max_tokens``; when none fits, the last one cut in the
-    middle (``encode_prompt``)."""
-    for dropped, messages in enumerate(variants):
-        ids, cut = encode_prompt(tokenizer, messages, max_tokens)
-        if not cut or dropped == len(variants) - 1:
-            return ids, dropped, cut
-    raise ValueError("fit_prompt needs at least one variant")
+    """``fit_prompts`` of one prompt."""
+    return fit_prompts(tokenizer, [variants], max_tokens)[0]
 
 
 def require_prompt_fits(tokenizer, env, max_tokens: int, seed: int) -> None:
@@ -145,9 +178,10 @@ def collect_rows(backend, tokenizer, rollout, seeds: list[int], config: RolloutC
 
     Returns the rows and the per-episode ``wrappers.EpisodeStats``. Group and episode ids are shifted by
     ``id_offset`` (keeps ids unique over several calls of one iteration). Prompts over the budget drop their
-    oldest history pairs first (``fit_prompt``). Adds to ``stats``: ``gen_tokens``, ``dropped_history`` (pairs
+    oldest history pairs first (``fit_prompts``). Adds to ``stats``: ``gen_tokens``, ``dropped_history`` (pairs
     left out) and ``truncated_prompts`` (prompts cut in the middle even without history).
-    ``config.row_layout == "trajectory"`` gives one row per episode instead
+    A backend that scores its rollouts (``HFBackend(score_rollouts=True)``) also fills ``rollout_logp`` and
+    ``rollout_entropy``. ``config.row_layout == "trajectory"`` gives one row per episode instead
     (``arena_train.trajectory.collect_trajectories``).
     """
     if config.row_layout == "trajectory":
@@ -158,25 +192,35 @@ def collect_rows(backend, tokenizer, rollout, seeds: list[int], config: RolloutC
         raise ValueError(f"row_layout must be 'step' or 'trajectory', got {config.row_layout!r}")
     rollout.reset(seeds)
     rows: list[Row] = []
+    scored = not greedy and getattr(backend, "score_rollouts", False)  # the policy's own log-probs, kept on rows
     for _ in range(config.max_turns):
         active = rollout.active()
         if not active:
             break
-        encoded = [fit_prompt(tokenizer, [rollout.messages(i), *rollout.shorter_messages(i)], config.max_prompt_tokens)
-                   for i in active]
+        encoded = fit_prompts(tokenizer, [[rollout.messages(i), *rollout.shorter_messages(i)] for i in active],
+                              config.max_prompt_tokens)
         prompts = [ids for ids, _, _ in encoded]
-        responses = backend.generate(prompts, config.max_response_tokens, config.temperature, config.top_p, greedy,
-                                     config.top_k)
+        if scored:
+            responses, logps, entropies = backend.generate_scored(prompts, config.max_response_tokens,
+                                                                  config.temperature, config.top_p, config.top_k)
+        else:
+            responses = backend.generate(prompts, config.max_response_tokens, config.temperature, config.top_p,
+                                         greedy, config.top_k)
+            logps = entropies = [None] * len(responses)
         responses = cut_at_turn_end(tokenizer, [rollout.envs[i] for i in active], responses)
         texts = tokenizer.batch_decode(responses, skip_special_tokens=True)
         turns = rollout.step(dict(zip(active, texts)), max_turns=config.max_turns)
-        by_episode = {i: (p, r) for i, p, r in zip(active, prompts, responses)}
+        by_episode = {i: (p, r, lp, h) for i, p, r, lp, h in zip(active, prompts, responses, logps, entropies)}
         for t in turns:
-            prompt_ids, response_ids = by_episode[t.episode]
-            rows.append(Row(group=t.group + id_offset, episode=t.episode + id_offset, turn=t.turn,
-                            prompt_ids=prompt_ids, response_ids=response_ids, step_reward=t.env_reward,
-                            format_penalty=t.format_penalty, format_ok=t.format_ok,
-                            action_is_valid=t.action_is_valid, anchor=t.anchor, won=False))
+            prompt_ids, response_ids, logp, entropy = by_episode[t.episode]
+            row = Row(group=t.group + id_offset, episode=t.episode + id_offset, turn=t.turn, prompt_ids=prompt_ids,
+                      response_ids=response_ids, step_reward=t.env_reward, format_penalty=t.format_penalty,
+                      format_ok=t.format_ok, action_is_valid=t.action_is_valid, anchor=t.anchor, won=False)
+            if logp is not None:  # a cut response keeps the scores of its tokens
+                n = len(response_ids)
+                row.rollout_logp = np.asarray(logp[:n], dtype=np.float32)
+                row.rollout_entropy = float(np.mean(entropy[:n])) if n else 0.0
+            rows.append(row)
         stats["gen_tokens"] += sum(len(r) for r in responses)
         stats["dropped_history"] += sum(dropped for _, dropped, _ in encoded)
         stats["truncated_prompts"] += sum(cut for _, _, cut in encoded)

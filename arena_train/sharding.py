@@ -261,14 +261,16 @@ class GatheredHFBackend:
         pass
 
 
-def hf_backend(accelerator, policy, tokenizer, dtype: torch.dtype):
-    """The transformers rollout backend: the policy itself when every process holds full weights, else a
+def hf_backend(accelerator, policy, tokenizer, dtype: torch.dtype, mixed_precision: str = "no"):
+    """The transformers rollout backend: the policy itself when every process holds full weights (in float32
+    without autocast it also scores its rollouts, which saves the policy's scoring pass), else a
     ``GatheredHFBackend`` (a sharded policy would hang in ``generate``)."""
     from arena_train.backends import HFBackend
 
     sharding = sharding_of(accelerator)
     if sharding == "none":
-        return HFBackend(accelerator.unwrap_model(policy), tokenizer)
+        return HFBackend(accelerator.unwrap_model(policy), tokenizer,
+                         score_rollouts=dtype == torch.float32 and mixed_precision == "no")
     init_context = contextlib.nullcontext
     if sharding == "zero3":  # transformers builds every model partitioned while the ZeRO-3 config is set
         plugin = accelerator.state.deepspeed_plugin
@@ -320,4 +322,4 @@ def make_rollout_backend(name: str, accelerator, policy, tokenizer, model_path: 
         return VLLMBackend(model_path, tokenizer, seed=seed, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                            mixed_precision=mixed_precision, gpu_memory_utilization=gpu_memory_utilization,
                            external_launcher=accelerator.num_processes > 1)
-    return hf_backend(accelerator, policy, tokenizer, dtype)
+    return hf_backend(accelerator, policy, tokenizer, dtype, mixed_precision)

@@ -55,7 +55,7 @@ class EvalError(ValueError):
 def hf_policy(model, tokenizer, greedy: bool = True, temperature: float = 1.0, top_p: float = 1.0,
               top_k: int = 0, max_new_tokens: int = 256, max_prompt_tokens: int = 4096,
               batch_size: int = 64, seed: int | None = None) -> Policy:
-    """The training scripts' generation (``arena_train``'s ``encode_prompt`` and ``HFBackend``: chat template,
+    """The training scripts' generation (``arena_train``'s ``encode_prompts`` and ``HFBackend``: chat template,
     left padding, batched ``generate`` with KV cache, stop at the end token) as a messages -> text policy.
 
     Long prompts keep their last ``max_prompt_tokens`` tokens (the current state is at the end).
@@ -64,14 +64,14 @@ def hf_policy(model, tokenizer, greedy: bool = True, temperature: float = 1.0, t
     import torch
 
     from arena_train.backends import HFBackend
-    from arena_train.rollout import encode_prompt
+    from arena_train.rollout import encode_prompts
 
     if seed is not None:
         torch.manual_seed(seed)
     backend = HFBackend(model, tokenizer, batch_size=batch_size, top_k=top_k)
 
     def policy(batch: list[Messages]) -> list[str]:
-        prompts = [encode_prompt(tokenizer, messages, max_prompt_tokens)[0] for messages in batch]
+        prompts = [ids for ids, _ in encode_prompts(tokenizer, batch, max_prompt_tokens)]
         responses = backend.generate(prompts, max_new_tokens, temperature, top_p, greedy)
         return tokenizer.batch_decode(responses, skip_special_tokens=True)
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from arena_train.backends import HFBackend, rollout_backend_name, vllm_available
+from arena_train.backends import HFBackend, rollout_backend_name, sample_categorical, vllm_available
 from arena_train.models import load_model_and_tokenizer
 from arena_train.rollout import encode_prompt
 
@@ -53,3 +55,59 @@ def test_backend_choice():
     expected = "vllm" if torch.cuda.is_available() and vllm_available() else "hf"
     assert rollout_backend_name("auto") == expected
     assert isinstance(vllm_available(), bool)
+
+
+# --- the decoding loop -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("share", [False, True])
+def test_greedy_decoding_gives_the_tokens_of_transformers_generate(hf, share):
+    """The backend's own loop against ``generate`` on left-padded prompts of different lengths (repeats included,
+    so the shared prefill is used): the same tokens, cut after the end token."""
+    model, tokenizer, prompts = hf
+    prompts = prompts + prompts[:2]
+    ours = HFBackend(model, tokenizer, share_prompts=share).generate(prompts, 10, 1.0, 1.0, greedy=True)
+    L = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), L), tokenizer.pad_token_id, dtype=torch.long)
+    attn = torch.zeros_like(ids)
+    for b, p in enumerate(prompts):
+        ids[b, L - len(p):], attn[b, L - len(p):] = torch.tensor(p), 1
+    ref = model.generate(input_ids=ids, attention_mask=attn, max_new_tokens=10, do_sample=False, top_k=0,
+                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)[:, L:].tolist()
+    eos = tokenizer.eos_token_id
+    assert ours == [seq[:seq.index(eos) + 1] if eos in seq else seq for seq in ref]
+
+
+def test_top_k_1_and_a_tiny_top_p_sample_the_greedy_tokens(hf):
+    model, tokenizer, prompts = hf
+    greedy = HFBackend(model, tokenizer).generate(prompts, 10, 1.0, 1.0, greedy=True)
+    torch.manual_seed(0)
+    assert HFBackend(model, tokenizer, top_k=1).generate(prompts, 10, 0.7, 1.0, greedy=False) == greedy
+    assert HFBackend(model, tokenizer).generate(prompts, 10, 1.3, 1e-6, greedy=False) == greedy
+
+
+@given(st.lists(st.floats(0.0, 1.0), min_size=2, max_size=12).filter(lambda p: sum(p) > 1e-3), st.integers(0, 99))
+@settings(max_examples=30, deadline=None)
+def test_sample_categorical_draws_each_index_with_its_probability(weights, seed):
+    """Frequencies over 20,000 draws (fixed seed) within 5 standard errors of the normalised weights."""
+    probs = torch.tensor(weights, dtype=torch.float32)
+    n = 20_000
+    torch.manual_seed(seed)
+    draws = sample_categorical(probs.expand(n, -1))
+    expected = (probs / probs.sum()).double()
+    freq = torch.bincount(draws, minlength=len(weights)).double() / n
+    assert torch.all((freq - expected).abs() <= 5 * (expected * (1 - expected) / n).sqrt() + 1e-9)
+
+
+@given(st.lists(st.sampled_from([0.0, 0.0, 1e-30, 0.2, 1.0]), min_size=1, max_size=10).filter(lambda p: sum(p) > 0),
+       st.sampled_from([0.0, 1.0 - 2.0 ** -53, 0.5]))
+@settings(max_examples=60, deadline=None)
+def test_sample_categorical_never_draws_an_index_of_probability_zero(weights, u):
+    """Even with the uniform number at the ends of its range (0, and just below 1), where rounding could land on
+    an index of probability 0."""
+    probs = torch.tensor([weights], dtype=torch.float32)
+    real_rand = torch.rand
+    try:
+        torch.rand = lambda shape, dtype=None, device=None: torch.full(shape, u, dtype=dtype, device=device)
+        index = int(sample_categorical(probs)[0])
+    finally:
+        torch.rand = real_rand
+    assert probs[0, index] > 0

@@ -18,6 +18,7 @@ from arena_train.rollout import (
     collect_rows,
     encode_prompt,
     fit_prompt,
+    fit_prompts,
     held_out_seeds,
     require_prompt_fits,
     task_seeds,
@@ -103,6 +104,29 @@ def test_fit_prompt_drops_the_oldest_history_first(model_and_tokenizer):
     assert (len(ids), dropped, cut) == (lengths[3] - 5, 3, True)
     with pytest.raises(ValueError):
         fit_prompt(tokenizer, [], 10)
+
+
+@pytest.mark.parametrize("budget", [10**6, 700, 640, 560, 300])
+def test_batched_fitting_gives_each_prompt_its_own_fit(model_and_tokenizer, budget):
+    """``fit_prompts`` over prompts with 0-4 history pairs (all of them, some or none dropped, middle cuts) equals
+    ``fit_prompt`` per prompt, which equals a template call per variant."""
+    _, tokenizer = model_and_tokenizer
+    variants = [[m, *shorter] for m, shorter in (played(history_env(3), k) for k in range(5))]
+
+    def alone(vs):
+        for dropped, messages in enumerate(vs):
+            ids = list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                     return_dict=True)["input_ids"])
+            if len(ids) <= budget:
+                return ids, dropped, False
+        head = budget // 2
+        return ids[:head] + ids[len(ids) - (budget - head):], len(vs) - 1, True
+
+    expected = [alone(vs) for vs in variants]
+    assert fit_prompts(tokenizer, variants, budget) == expected
+    assert [fit_prompt(tokenizer, vs, budget) for vs in variants] == expected
+    assert len({(d, c) for _, d, c in expected}) > 1 or budget == 10**6
+    assert fit_prompts(tokenizer, [], budget) == []
 
 
 def test_collect_rows_counts_dropped_history_pairs(model_and_tokenizer):

@@ -4,6 +4,7 @@ first mini-batch's old log-probs taken from the update's own forward pass."""
 
 from __future__ import annotations
 
+import copy
 from collections import defaultdict
 
 import numpy as np
@@ -250,3 +251,76 @@ def test_generation_with_shared_prompts_gives_the_same_tokens(model, tiny_model,
             outputs.append(HFBackend(model, tokenizer, share_prompts=share).generate(prompts, 12, 1.0, 1.0, greedy))
         assert outputs[0] == outputs[1]
         assert all(len(o) > 0 for o in outputs[1])
+
+
+# --- the rollout's own log-probs in place of the policy's scoring pass ---------------------------------------
+@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.6, 20, 0.95), (1.4, 5, 1.0)])
+def test_scored_generation_gives_the_scoring_pass_log_probs_and_entropies(model, tiny_model, temperature, top_k,
+                                                                          top_p):
+    """``generate_scored``'s per-token log-probs and entropies (at the sampling temperature, before top-k / top-p)
+    agree with ``score_rows`` on the same rows to float rounding; its tokens are ``generate``'s (same seed)."""
+    from arena_train.backends import HFBackend
+
+    _, tokenizer = load_model_and_tokenizer(tiny_model, torch.float32)
+    rng = np.random.default_rng(3)
+    shared = rng.integers(3, model.config.vocab_size, size=10).tolist()
+    prompts = [shared + rng.integers(3, model.config.vocab_size, size=int(n)).tolist() for n in (1, 4, 9, 9, 15)]
+    prompts += prompts[:2]  # repeats: the shared prefill
+    backend = HFBackend(model, tokenizer, top_k=top_k)
+    torch.manual_seed(5)
+    tokens, logps, entropies = backend.generate_scored(prompts, 12, temperature, top_p)
+    torch.manual_seed(5)
+    assert backend.generate(prompts, 12, temperature, top_p, greedy=False) == tokens
+    rows = [row(p, t, group=g) for g, (p, t) in enumerate(zip(prompts, tokens))]
+    score_rows(model, None, rows, micro_batch_size=4, temperature=temperature, pad_id=tokenizer.pad_token_id,
+               device="cpu", stats=defaultdict(float))
+    for r, lp, h in zip(rows, logps, entropies):
+        assert len(lp) == len(r.response_ids) == len(h)
+        np.testing.assert_allclose(lp, r.old_logp, atol=2e-5)
+        assert r.entropy == pytest.approx(float(np.mean(h)) if h else 0.0, abs=2e-5)
+
+
+def test_rows_scored_by_the_rollout_skip_the_policy_pass_but_not_the_reference(model):
+    """Rows with ``rollout_logp`` take it as ``old_logp`` (and its entropy) without a policy forward; rows without
+    it and the reference's log-probs still come from forward passes."""
+    rows = random_rows(11, model.config.vocab_size)
+    for k, r in enumerate(rows):
+        if k % 2 == 0:
+            r.rollout_logp = np.full(len(r.response_ids), -1.5, dtype=np.float32)
+            r.rollout_entropy = 0.25
+    calls = {"policy": 0, "ref": 0}
+    policy, ref = model, copy.deepcopy(model)
+    hooks = [m.register_forward_hook(lambda *_, name=name: calls.__setitem__(name, calls[name] + 1))
+             for m, name in ((policy, "policy"), (ref, "ref"))]
+    score_rows(policy, ref, rows[0::2], micro_batch_size=4, temperature=1.0, pad_id=0, device="cpu",
+               stats=defaultdict(float))
+    assert calls == {"policy": 0, "ref": calls["ref"]} and calls["ref"] > 0
+    assert all(np.all(r.old_logp == -1.5) and r.entropy == 0.25 and r.ref_logp is not None for r in rows[0::2])
+    score_rows(policy, ref, rows, micro_batch_size=4, temperature=1.0, pad_id=0, device="cpu",
+               stats=defaultdict(float))
+    for h in hooks:
+        h.remove()
+    assert calls["policy"] > 0 and all(r.old_logp is not None for r in rows)
+    assert all(np.all(r.old_logp == -1.5) for r in rows[0::2]) and not any(np.all(r.old_logp == -1.5)
+                                                                            for r in rows[1::2] if r.response_ids)
+
+
+def test_collect_rows_keeps_the_rollout_scores_of_each_response(tiny_model):
+    """A scoring backend on the Sokoban env: every row holds a log-prob per response token (negative, finite)
+    and its mean entropy; greedy rollouts (evaluation) and a non-scoring backend leave them unset."""
+    import wrappers
+    from arena_train.backends import HFBackend
+    from arena_train.rollout import RolloutConfig, collect_rows
+
+    policy, tokenizer = load_model_and_tokenizer(tiny_model, torch.float32)
+    config = RolloutConfig(max_turns=3, max_prompt_tokens=4096, max_response_tokens=6, temperature=0.8)
+    for score, greedy in ((True, False), (True, True), (False, False)):
+        rollout = wrappers.GroupRollout(lambda: wrappers.make_env("ARL/Sokoban-Mini-v0"), 2, 2)
+        rows, _ = collect_rows(HFBackend(policy, tokenizer, score_rollouts=score), tokenizer, rollout, [1, 2],
+                               config, defaultdict(float), greedy=greedy)
+        assert rows
+        if score and not greedy:
+            assert all(len(r.rollout_logp) == len(r.response_ids) and np.all(r.rollout_logp <= 0)
+                       and np.isfinite(r.rollout_logp).all() and r.rollout_entropy > 0 for r in rows)
+        else:
+            assert all(r.rollout_logp is None for r in rows)
