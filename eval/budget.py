@@ -14,6 +14,7 @@ weaker BC start inflates the RL gain, so the gain is reported but not used to ch
 
     python -m eval.budget --budget-s 840 --rl-shares 0 0.25 0.5 0.75 --seeds 1 2 3
     python -m eval.budget --arena.env-id ARL/Sokoban-v0     # any env with an expert
+    python -m eval.budget --merge runs/b1 runs/b2 --out runs/budget   # one curve from parallel runs
 """
 
 from __future__ import annotations
@@ -57,6 +58,9 @@ class Args:
     """output folder: <out>/share<r>/seed<s>/{bc,<rl-script>}, results.json, report.md, budget_curve.png"""
     keep_models: bool = False
     """keep every point's BC and RL model folders (they are deleted after evaluation otherwise)"""
+    merge: list[Path] = field(default_factory=list)
+    """instead of running: one curve from these finished --out folders (same budget and settings; each
+    (share, seed) once), written to --out; run shares or seeds in parallel processes, then merge"""
 
 
 def split_budget(budget_s: float, rl_share: float, bc_step_s: float, rl_iteration_s: float,
@@ -183,10 +187,39 @@ def write_report(results: dict[str, Any], out: Path) -> str:
     return text
 
 
+def merge_points(folders: list[Path]) -> dict[str, Any]:
+    """One results record from several finished budget folders (same settings; each (share, seed) once)."""
+    records = []
+    for folder in folders:
+        path = Path(folder) / "results.json"
+        if not path.is_file():
+            raise SystemExit(f"--merge: no results.json in {folder}")
+        records.append(json.loads(path.read_text()))
+    ignore = ("seeds", "rl_shares", "out", "merge", "keep_models")
+    settings = [{k: v for k, v in r["args"].items() if k not in ignore} for r in records]
+    if any(s != settings[0] for s in settings):
+        raise SystemExit("--merge: the folders were run with different settings")
+    points = [p for r in records for p in r["points"]]
+    if len({(p["share"], p["seed"]) for p in points}) != len(points):
+        raise SystemExit("--merge: a (share, seed) point appears twice")
+    summary = summarize(points)
+    args = {**records[0]["args"], "seeds": sorted({p["seed"] for p in points}),
+            "rl_shares": [row["share"] for row in summary]}
+    return {"args": args, "points": points, "summary": summary, "best_share": best_share(summary),
+            "wall_s": sum(r["wall_s"] for r in records), "merged_from": [str(f) for f in folders]}
+
+
 def main(args: Args) -> dict[str, Any]:
     import torch
     from transformers.utils import logging as hf_logging
 
+    if args.merge:
+        results = merge_points(args.merge)
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "results.json").write_text(json.dumps(results, indent=1))
+        plot_curve(results["points"], results["summary"], args.out / "budget_curve.png", results["args"]["budget_s"])
+        print(write_report(results, args.out))
+        return results
     if not args.seeds or not args.rl_shares:
         raise SystemExit("--seeds and --rl-shares need at least one value each")
     try:

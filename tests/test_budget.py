@@ -83,3 +83,27 @@ def test_minimal_budget_curve_end_to_end(tmp_path, monkeypatch):
     assert (tmp_path / "out" / "budget_curve.png").stat().st_size > 1000
     assert "| 0.5 | 5 | 2 |" in (tmp_path / "out" / "report.md").read_text()
     assert not (tmp_path / "out" / "share0.5" / "seed3" / "bc").exists()  # models deleted after evaluation
+
+
+def test_merge_makes_one_curve_of_parallel_runs_and_refuses_mixed_ones(tmp_path):
+    def finished(name, points, **overrides):
+        folder = tmp_path / name
+        folder.mkdir()
+        args = {"budget_s": 100.0, "bc_step_s": 0.25, "rl_iteration_s": 3.5, "rl_startup_s": 15.0, "seeds": [],
+                "rl_shares": [], "out": str(folder), "arena": {"rl_script": "sampo"}, "keep_models": False,
+                "merge": [], **overrides}
+        (folder / "results.json").write_text(json.dumps({"args": args, "points": points, "wall_s": 10.0}))
+        return folder
+
+    a = finished("a", [point(0.5, 1, 0.7, 0.5), point(0.5, 2, 0.8, 0.5)])
+    b = finished("b", [point(0.0, 1, 0.65, 0.65)], keep_models=True)
+    results = budget.main(budget.Args(merge=[a, b], out=tmp_path / "all"))
+    assert [row["share"] for row in results["summary"]] == [0.0, 0.5] and results["best_share"] == 0.5
+    assert results["args"]["seeds"] == [1, 2] and results["wall_s"] == 20.0
+    assert (tmp_path / "all" / "budget_curve.png").is_file() and (tmp_path / "all" / "report.md").is_file()
+    with pytest.raises(SystemExit, match="different settings"):
+        budget.merge_points([a, finished("c", [point(0.25, 1, 0.6, 0.5)], budget_s=200.0)])
+    with pytest.raises(SystemExit, match="twice"):
+        budget.merge_points([a, finished("d", [point(0.5, 2, 0.6, 0.5)])])
+    with pytest.raises(SystemExit, match="no results.json"):
+        budget.merge_points([tmp_path / "missing"])
