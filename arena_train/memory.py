@@ -21,8 +21,9 @@ attention, no S^2 term): ``6h + 8q + 7kv + 4I`` elements (h hidden, q = heads*he
 I = MLP width): each RMSNorm keeps its input, normalised and scaled tensors (3h, 3q, 3kv), RoPE the normed q/k
 and their rotated halves, attention q, k, v and its output, o_proj a contiguous copy, the MLP four I-wide
 tensors. Gradient checkpointing keeps only each layer's input (h) plus one layer recomputed. The LM head runs on
-the response positions only; at the peak of its backward four ``B*T*V`` float32 tensors are alive (logits,
-log-softmax, and two gradients). ``benchmarks/bench_memory_plan.py`` compares the sum with a measured peak.
+the response positions only and its log-softmax runs in vocabulary chunks (``arena_train.logprob``): at the peak
+of its backward the logits and their gradient (two ``B*T*V`` tensors at the activation width) are alive, plus
+three float32 ``B*T*chunk`` temporaries. ``benchmarks/bench_memory_plan.py`` compares the sum with a measured peak.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ import math
 import os
 from dataclasses import dataclass
 from typing import Literal
+
+from arena_train.logprob import VOCAB_CHUNK
 
 GIB = 1024**3
 Sharding = Literal["ddp", "fsdp", "zero3"]
@@ -146,7 +149,9 @@ def plan_memory(shape: Shape, *, gpus: int = 1, sharding: Sharding = "fsdp", lor
     else:
         act = tokens * act_bytes * full_layer * shape.layers
     c["activations"] = act
-    c["LM-head log-softmax (4 x B*T*V fp32)"] = 4 * 4 * micro_batch_size * response_len * shape.vocab
+    head_tokens = micro_batch_size * response_len
+    c["LM-head logits + grad (chunked)"] = head_tokens * (2 * act_bytes * shape.vocab
+                                                                 + 3 * 4 * min(VOCAB_CHUNK, shape.vocab))
     c["rollout engine share"] = rollout_share * gpu_memory_gib * GIB
     c["CUDA context + fragmentation"] = overhead_gib * GIB
     return MemoryPlan(components=c, capacity=gpu_memory_gib * GIB)
