@@ -138,9 +138,9 @@ def sequence_logprobs(model, batch: dict[str, torch.Tensor], temperature: float,
                       with_entropy: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token log-probs (B, T) of the response tokens and their entropies (B, T) at ``temperature``.
 
-    Only the last T+1 positions go through the LM head (``logits_to_keep``) and the softmax runs in vocabulary
-    chunks, so no (B, T, V) float32 tensor is kept. A batch with shared prefixes runs each prefix once and
-    reuses its KV cache for the rows of its group (gradients flow into the prefix); with gradient
+    Only the T positions that predict the response go through the LM head (``logits_to_keep``); the softmax runs
+    in vocabulary chunks, so no (B, T, V) float32 log-softmax is kept. A batch with shared prefixes runs each
+    prefix once and reuses its KV cache for the rows of its group (gradients flow into the prefix); with gradient
     checkpointing, which disables the cache, and with sharded models, whose every forward is a collective that
     all processes must join equally often, the prefixes are spliced back into the rows instead.
     """
@@ -154,9 +154,12 @@ def sequence_logprobs(model, batch: dict[str, torch.Tensor], temperature: float,
             cache = model(input_ids=batch["prefix_ids"], use_cache=True, logits_to_keep=1).past_key_values
             cache.reorder_cache(batch["row_prefix"])  # (S, ...) -> (B, ...), differentiable indexing
             inputs.update(past_key_values=cache)
-    logits = model(**inputs, logits_to_keep=T + 1, use_cache="past_key_values" in inputs).logits
-    # position P-1+t predicts response token t
-    logp, entropy = token_logprobs(logits[:, :-1], batch["response_ids"], temperature)
+    L = inputs["input_ids"].shape[1]
+    # positions L-T-1 .. L-2 predict the T response tokens; asking the model for exactly those keeps the (B, T, V)
+    # logits contiguous: no copy of them in the log-prob pass and no second one for their gradient
+    keep = torch.arange(L - T - 1, L - 1, device=inputs["input_ids"].device)
+    logits = model(**inputs, logits_to_keep=keep, use_cache="past_key_values" in inputs).logits  # (B, T, V)
+    logp, entropy = token_logprobs(logits, batch["response_ids"], temperature)
     return logp, entropy if with_entropy else None
 
 

@@ -1,10 +1,10 @@
 """Checks ``arena_train.memory``'s plan against a measured peak, on CPU.
 
 For each model size, a fresh process builds the policy and a frozen reference in float32, takes one AdamW step
-on a micro-batch through the same log-prob path as the training scripts (LM head on the response positions
-only), and records its peak resident memory above what it held after imports (``ru_maxrss``). The plan is
-computed with the CPU's settings (fp32 everywhere, no rollout share, no CUDA overhead) and the ratio
-measured / planned is printed. Baseline: the process's own resident memory after ``import torch, transformers``.
+on a micro-batch through the training scripts' log-prob pass (``arena_train.batching.sequence_logprobs``: LM head
+on the response positions only, vocabulary-chunked log-softmax), and records its peak resident memory above what
+it held after imports (``ru_maxrss``). The plan is computed with the CPU's settings (fp32 everywhere, no rollout
+share, no CUDA overhead) and the ratio measured / planned is printed. Baseline: the process's own resident memory after ``import torch, transformers``.
 
     python benchmarks/bench_memory_plan.py [--sizes m small] [--micro-batch 8] [--seq-len 512]
 """
@@ -22,6 +22,7 @@ SIZES = {"m": (256, 4, 768, 8, 4), "small": (512, 8, 1536, 16, 8), "base": (768,
 CHILD = r"""
 import json, resource, sys, torch
 from transformers import Qwen3Config, AutoModelForCausalLM
+from arena_train.batching import sequence_logprobs
 hidden, layers, mlp, heads, kv, B, L, T = json.loads(sys.argv[1])
 torch.manual_seed(0)
 torch.set_num_threads(1)
@@ -33,12 +34,13 @@ policy, ref = AutoModelForCausalLM.from_config(cfg), AutoModelForCausalLM.from_c
 ref.requires_grad_(False)
 opt = torch.optim.AdamW(policy.parameters(), lr=1e-5)
 ids = torch.randint(0, 32000, (B, L))
+batch = dict(input_ids=ids, attention_mask=torch.ones_like(ids), position_ids=torch.arange(L).expand(B, L),
+             response_ids=ids[:, -T:], mask=torch.ones(B, T))
 for _ in range(2):  # the second step has AdamW's moments allocated
-    logits = policy(input_ids=ids, logits_to_keep=T + 1, use_cache=False).logits[:, :-1].float()
-    logp = torch.log_softmax(logits, -1).gather(-1, ids[:, -T:, None]).squeeze(-1)
-    with torch.no_grad():
-        ref(input_ids=ids, logits_to_keep=T + 1, use_cache=False)
-    (-logp.mean()).backward()
+    with torch.no_grad():  # the reference is scored before the update, as in the scripts
+        sequence_logprobs(ref, batch, 1.0, with_entropy=False)
+    logp, entropy = sequence_logprobs(policy, batch, 1.0)  # the training scripts' log-prob pass
+    (-logp.mean() - 0.001 * entropy.mean()).backward()
     opt.step()
     opt.zero_grad(set_to_none=True)
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
