@@ -5,9 +5,9 @@ Stages, per pipeline seed:
 1. **model** — a fresh tiny Qwen3 whose BPE tokenizer is trained on the env's prompts (``--profile
    tiny``), or the converted SmolLM2-135M-Instruct (``--profile smollm2``);
 2. **BC** — behaviour cloning on the env expert's labels of the states a noisy expert visits
-   (``algos/sft.py``'s data and loss), evaluated greedily on validation seeds every few steps and
-   **stopped as soon as validation success reaches ``--bc-target``**: RL needs groups of mixed outcome,
-   and a tiny model's BC is a phase transition, so a step budget would land at a random point of it;
+   (``algos/sft.py``'s data and loss) for the profile's steps, evaluated greedily on validation seeds every
+   few steps; the best validation checkpoint is kept (``--bc-target`` < 1 stops early once validation reaches
+   it). The tiny profile's split of BC steps and RL iterations is the best of ``eval.budget``'s curve;
 3. **RL** — ``algos/<rl-script>.py`` (SAMPO by default) from the BC checkpoint, as a subprocess with the
    profile's flags, logging its held-out greedy success every ``--rl-eval-every`` iterations;
 4. **evaluation** — BC start and RL result greedy on the SAME held-out seeds (``eval.evaluate``,
