@@ -291,6 +291,7 @@ PUSH_WORKER = textwrap.dedent("""
             yield name, tensor
 
     sharding.full_parameters = followed
+    acc.wait_for_everyone()  # push_time_s: the push itself, not the wait for the other process's generation
     metrics = backend.push(model)
     sharding.full_parameters = gather
     layers = {}
