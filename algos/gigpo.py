@@ -562,6 +562,7 @@ def main(args: Args) -> None:
     if accelerator.is_main_process:
         logger.close(summary={"world_size": world, "param_sync_error": sync_error, "final_model": str(final)})
         accelerator.print(f"done: metrics in {run_dir / 'metrics.jsonl'}, model in {final}")
+    backend.close()  # vLLM: after the last collective, before the process group ends
     accelerator.end_training()
 
 

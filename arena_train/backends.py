@@ -1,4 +1,5 @@
-"""Rollout backends with one interface: ``generate`` token ids, ``push`` trained weights, ``sleep``/``wake``.
+"""Rollout backends with one interface: ``generate`` token ids, ``push`` trained weights, ``sleep``/``wake``,
+``close`` (before the process group ends).
 
 ``HFBackend`` generates with the trained model itself (transformers ``generate`` with KV cache), so a push is a
 no-op; ``VLLMBackend`` runs a vLLM engine in the trainer's process and receives the weights after every update.
@@ -190,6 +191,9 @@ class HFBackend:
     def wake(self) -> None:
         pass
 
+    def close(self) -> None:
+        pass
+
 
 class VLLMBackend:
     """vLLM engine in the trainer's process; trained weights are pushed after every update.
@@ -245,18 +249,21 @@ class VLLMBackend:
         silently skipped), drop cached prefixes computed with old weights, and check a probe.
 
         The weights stream in from ``arena_train.sharding.full_parameters``: one parameter gathered at a time
-        from FSDP2/ZeRO-3 shards (every process pushes into its own engine, in the same order), LoRA merged,
-        so no process builds a second full copy of the model."""
+        from FSDP2/ZeRO-3 shards (every process pushes into its own engine, in the same order), LoRA merged.
+        vLLM buffers them only until its layer (fused q/k/v, gate/up) is complete, so a process holds at most
+        one layer's full weights besides its engine, never a full state dict. Call it on every process: the
+        gathers, the probe's sharded forward and the probe's maximum over the processes are collectives."""
         from arena_train.sharding import full_parameters
 
         start = time.perf_counter()
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": full_parameters(model)})
         self.llm.reset_prefix_cache()
-        return {"rollout/push_time_s": time.perf_counter() - start, "rollout/push_logp_diff": self._probe(model)}
+        seconds = time.perf_counter() - start
+        return {"rollout/push_time_s": seconds, "rollout/push_logp_diff": _max_over_processes(self._probe(model))}
 
     @torch.no_grad()
     def _probe(self, model) -> float:
-        """|log-prob difference| of vLLM's greedy next token against the trained model."""
+        """|log-prob difference| of this process's engine's greedy next token against the trained model."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -278,6 +285,25 @@ class VLLMBackend:
     def wake(self) -> None:
         if self.on_gpu:
             self.llm.wake_up()
+
+    def close(self) -> None:
+        """Shut the engine down. Under ``accelerate launch`` call it after the last collective and before
+        ``accelerator.end_training()``: vLLM's teardown ends the process group it shares with the trainer,
+        and at interpreter exit, after ``end_training``, it would fail on groups already destroyed."""
+        if self.llm is not None:
+            self.llm.llm_engine.engine_core.shutdown()
+            self.llm = None
+
+
+def _max_over_processes(value: float) -> float:
+    """``value``'s maximum over the processes of a distributed run (the value itself in a single process)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return value
+    t = torch.tensor([value], dtype=torch.float64, device="cuda" if dist.get_backend() == "nccl" else "cpu")
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
 
 
 def vllm_available() -> bool:

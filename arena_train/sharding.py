@@ -260,6 +260,9 @@ class GatheredHFBackend:
     def wake(self) -> None:
         pass
 
+    def close(self) -> None:
+        pass
+
 
 def hf_backend(accelerator, policy, tokenizer, dtype: torch.dtype, mixed_precision: str = "no"):
     """The transformers rollout backend: the policy itself when every process holds full weights (in float32

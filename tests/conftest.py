@@ -65,6 +65,24 @@ def run_two_processes(source: str, folder: Path, *args: str) -> subprocess.Compl
     return subprocess.run([*two_process_launch(script), *args], env=env, capture_output=True, text=True, timeout=300)
 
 
+#: The Accelerate files of algos/configs (ddp, fsdp2, zero3).
+CONFIGS = ALGOS / "configs"
+
+
+def launch_config(config: str, script: str, model: str, out: Path, *extra: str, env: dict | None = None,
+                  timeout: int = 400) -> subprocess.CompletedProcess:
+    """Two CPU processes of ``algos/<script>.py`` under ``algos/configs/<config>.yaml`` in float32: two short
+    iterations of the tiny model, run name ``config``, no evaluation; ``extra`` arguments are appended."""
+    cmd = [str(ACCELERATE), "launch", "--config_file", str(CONFIGS / f"{config}.yaml"), "--num_processes", "2",
+           "--mixed_precision", "no", "--main_process_port", str(free_port()), str(ALGOS / f"{script}.py"),
+           "--model-path", model, "--output-dir", str(out), "--run-name", config, "--num-iterations", "2",
+           "--num-groups", "2", "--group-size", "2", "--max-turns", "2", "--max-response-tokens", "8",
+           "--mini-batch-size", "2", "--micro-batch-size", "1", "--eval-every", "0", "--eval-episodes", "2",
+           "--learning-rate", "1e-3", *extra]
+    env = env or {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "HF_HUB_OFFLINE": "1"}
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> str:
     """A real random tiny Qwen3 (arena_models) whose tokenizer knows the Sokoban prompt words."""

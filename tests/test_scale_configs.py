@@ -13,25 +13,18 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ACCELERATE, free_port, needs_accelerate
+from conftest import launch_config, needs_accelerate
 
 from arena_train.memory import LORA_TARGETS
 
 ROOT = Path(__file__).resolve().parents[1]
-CONFIGS = ROOT / "algos" / "configs"
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "HF_HUB_OFFLINE": "1"}
 #: Wall-clock and throughput metrics differ between any two runs.
 TIMING = ("perf/", "rollout/push_time_s")
 
 
 def launch(config: str, script: str, model: str, out: Path) -> subprocess.CompletedProcess:
-    cmd = [str(ACCELERATE), "launch", "--config_file", str(CONFIGS / f"{config}.yaml"), "--num_processes", "2",
-           "--mixed_precision", "no", "--main_process_port", str(free_port()), str(ROOT / "algos" / f"{script}.py"),
-           "--model-path", model, "--output-dir", str(out), "--run-name", config, "--num-iterations", "2",
-           "--num-groups", "2", "--group-size", "2", "--max-turns", "2", "--max-response-tokens", "8",
-           "--mini-batch-size", "2", "--micro-batch-size", "1", "--eval-every", "0", "--eval-episodes", "2",
-           "--learning-rate", "1e-3"]
-    return subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=400)
+    return launch_config(config, script, model, out, env=ENV)
 
 
 HAS_DEEPSPEED = importlib.util.find_spec("deepspeed") is not None
