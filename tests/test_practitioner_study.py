@@ -84,7 +84,8 @@ def _per_seed(wins: dict[str, list[list[int]]], envs: list[str]) -> list[dict]:
     out = []
     for k in range(len(wins["bc"])):
         evals = {env: {name: {"success": {"mean": sum(w[k]) / len(w[k])}, "score": {"mean": 2.0 * sum(w[k])},
-                              "wins": w[k]} for name, w in wins.items()} for env in envs}
+                              "valid_action": {"mean": 0.5}, "wins": w[k]} for name, w in wins.items()}
+                 for env in envs}
         out.append({"seed": k + 1, "eval": evals})
     return out
 
@@ -114,10 +115,19 @@ def test_report_has_one_table_per_env_and_the_transfer_table(tmp_path):
     assert text == (tmp_path / "report.md").read_text()
     assert "## ARL/TextWorld-Small-v0" in text and "## ARL/TextWorld-Large-v0" in text
     assert "| TextWorld-Small-v0 | TextWorld-Large-v0 |" in text  # the transfer table's header
-    assert "| GRPO sparse | 66.7" in text and "| 33 / 33 | - |" in text and "| 67 / 67 | " in text
+    assert "| GRPO sparse | 66.7" in text and "| 50 | 33 / 33 | - |" in text and "| 50 | 67 / 67 | " in text
     assert "one BC start (seed 1) shared by every run" in text and "CPU time 0.5 min" in text
     practitioner.plot(results, tmp_path / "p.png")
     assert (tmp_path / "p.png").stat().st_size > 1000
+    # --report-only: the same summary and report from results.json's per-seed records
+    results["per_seed"] = _per_seed(wins, envs)
+    (tmp_path / "report.md").unlink()
+    (tmp_path / "results.json").write_text(json.dumps({**results, "summary": {}}))
+    again = practitioner.main(practitioner.Args(out=tmp_path, report_only=True))
+    assert again["summary"] == json.loads(json.dumps(results["summary"]))
+    assert (tmp_path / "report.md").read_text() == text and (tmp_path / "practitioner.png").is_file()
+    with pytest.raises(SystemExit, match="no results.json"):
+        practitioner.main(practitioner.Args(out=tmp_path / "missing", report_only=True))
 
 
 @pytest.mark.slow
