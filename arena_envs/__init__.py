@@ -31,6 +31,15 @@ _SPECS: dict[str, tuple[str, int, dict]] = {
     "ARL/ALFWorld-v0": ("arena_envs.alfworld_env:ALFWorldEnv", 50, {}),
     "ARL/ALFWorld-Unseen-v0": ("arena_envs.alfworld_env:ALFWorldEnv", 50, {}),
     "ARL/TextWorld-v0": ("arena_envs.textworld_env:TextWorldEnv", 8, {}),
+    # CPU-scale studies (docs/practitioner.md): 20 games per split; the cooking game as above, and the
+    # Practitioner's Guide's custom worlds w2-o3-q4, w4-o6-q8, w8-o12-q16, with 2x the quest's length in turns
+    "ARL/TextWorld-Mini-v0": ("arena_envs.textworld_env:TextWorldEnv", 8, {"num_games": 20}),
+    "ARL/TextWorld-Small-v0": ("arena_envs.textworld_env:TextWorldEnv", 8,
+                               {"world_size": 2, "nb_objects": 3, "quest_length": 4, "num_games": 20}),
+    "ARL/TextWorld-Medium-v0": ("arena_envs.textworld_env:TextWorldEnv", 16,
+                                {"world_size": 4, "nb_objects": 6, "quest_length": 8, "num_games": 20}),
+    "ARL/TextWorld-Large-v0": ("arena_envs.textworld_env:TextWorldEnv", 32,
+                               {"world_size": 8, "nb_objects": 12, "quest_length": 16, "num_games": 20}),
     "ARL/SWE-Mini-v0": ("arena_envs.swe:SWEMiniEnv", 20, {}),
 }
 

@@ -125,6 +125,8 @@ class Args:
     """final held-out greedy evaluation: episodes (seeds from EVAL_SEED_OFFSET), same for BC and RL"""
     max_response_tokens: int | None = None
     """generation budget per turn"""
+    max_prompt_tokens: int = 512
+    """prompt budget of BC, RL and evaluation (longer prompts keep their last tokens in BC and evaluation)"""
     torch_threads: int = 1
     """CPU threads (1 avoids OpenMP contention on shared machines)"""
     skip_rl: bool = False
@@ -170,7 +172,7 @@ def run_bc(args: Args, seed: int, out: Path) -> dict[str, Any]:
     """BC until validation success >= bc_target (or the best of all checks); saves an HF folder at ``out``.
 
     ``algos/sft.py``'s recipe through ``arena_train.bc`` (its defaults for what the profiles leave out:
-    random-action probability 0.2, 10 turns, 512 prompt tokens, 30 warm-up steps, no weight decay), with a
+    random-action probability 0.2, 10 turns, --max-prompt-tokens, 30 warm-up steps, no weight decay), with a
     validation check every ``bc_eval_every`` steps from ``bc_eval_start`` on and an early stop at the target.
     """
     import torch
@@ -188,9 +190,10 @@ def run_bc(args: Args, seed: int, out: Path) -> dict[str, Any]:
             model, tokenizer = load_or_build_model(args.model, data, args.env_id, args.tiny_size, seed)
     else:
         model, tokenizer = load_or_build_model(args.model, data, args.env_id, args.tiny_size, seed)
-    examples = tokenize_examples(tokenizer, data, max_prompt_tokens=512)
+    examples = tokenize_examples(tokenizer, data, max_prompt_tokens=args.max_prompt_tokens)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.bc_learning_rate, weight_decay=0.0)
-    validation = RolloutConfig(max_turns=10, max_prompt_tokens=512, max_response_tokens=args.max_response_tokens)
+    validation = RolloutConfig(max_turns=10, max_prompt_tokens=args.max_prompt_tokens,
+                               max_response_tokens=args.max_response_tokens)
     order = np.random.default_rng(seed).permutation(len(examples))
     curve, best, best_state, best_step, losses = [], -1.0, None, 0, []
     for step in range(args.bc_max_steps):
@@ -235,6 +238,7 @@ def rl_command(args: Args, seed: int, bc_dir: Path, runs_dir: Path) -> list[str]
             "--learning-rate", str(args.learning_rate), "--temperature", str(args.temperature),
             "--mini-batch-size", str(args.mini_batch_size),
             "--micro-batch-size", str(args.mini_batch_size), "--max-response-tokens", str(args.max_response_tokens),
+            "--max-prompt-tokens", str(args.max_prompt_tokens),
             "--history-length", "0", "--prompt-style", "compact", "--eval-every", str(args.rl_eval_every),
             "--eval-episodes", str(args.rl_eval_episodes), "--eval-greedy", "--checkpoint-every", "0",
             "--torch-threads", str(args.torch_threads), "--output-dir", str(runs_dir.resolve()),
@@ -267,7 +271,8 @@ def evaluate_model(args: Args, path: str | Path, name: str, seeds: list[int]) ->
     from eval.evaluate import load_model, summarize
 
     model, tokenizer = load_model(str(path), device="cpu")
-    policy = hf_policy(model, tokenizer, greedy=True, max_new_tokens=args.max_response_tokens, max_prompt_tokens=512,
+    policy = hf_policy(model, tokenizer, greedy=True, max_new_tokens=args.max_response_tokens,
+                       max_prompt_tokens=args.max_prompt_tokens,
                        batch_size=256)
     start = time.perf_counter()
     split = held_out_split(args.env_id)  # the rooms evaluate_baselines plays, never a training room

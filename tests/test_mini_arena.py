@@ -92,6 +92,7 @@ def test_rl_command_uses_the_scripts_flags():
     assert cmd[-2:] == ["--kl-coef", "0"]
     parsed = parse_args(sampo.Args, sampo.GPU_PROFILE, cmd[2:])  # every flag exists in the script
     assert parsed.num_iterations == args.rl_iterations and parsed.cold_start_steps == 0
+    assert parsed.max_prompt_tokens == args.max_prompt_tokens == 512  # BC, RL and evaluation share the budget
 
 
 @given(st.lists(st.tuples(st.floats(0, 1), st.floats(0, 1)), min_size=1, max_size=6))
