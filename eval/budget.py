@@ -189,16 +189,7 @@ def write_report(results: dict[str, Any], out: Path) -> str:
 
 def merge_points(folders: list[Path]) -> dict[str, Any]:
     """One results record from several finished budget folders (same settings; each (share, seed) once)."""
-    records = []
-    for folder in folders:
-        path = Path(folder) / "results.json"
-        if not path.is_file():
-            raise SystemExit(f"--merge: no results.json in {folder}")
-        records.append(json.loads(path.read_text()))
-    ignore = ("seeds", "rl_shares", "out", "merge", "keep_models")
-    settings = [{k: v for k, v in r["args"].items() if k not in ignore} for r in records]
-    if any(s != settings[0] for s in settings):
-        raise SystemExit("--merge: the folders were run with different settings")
+    records = mini_arena.read_finished(folders, ignore=("seeds", "rl_shares", "out", "merge", "keep_models"))
     points = [p for r in records for p in r["points"]]
     if len({(p["share"], p["seed"]) for p in points}) != len(points):
         raise SystemExit("--merge: a (share, seed) point appears twice")

@@ -437,18 +437,23 @@ def run_seed(args: Args, seed: int) -> dict[str, Any]:
     return record
 
 
-def merge_results(folders: list[Path]) -> dict[str, Any]:
-    """One results record from several finished pipeline folders (seeds must differ, settings must match)."""
+def read_finished(folders: list[Path], ignore: tuple[str, ...]) -> list[dict[str, Any]]:
+    """The results.json records of finished runs for ``--merge``; their settings (except ``ignore``) must match."""
     records = []
     for folder in folders:
         path = Path(folder) / "results.json"
         if not path.is_file():
             raise SystemExit(f"--merge: no results.json in {folder}")
         records.append(json.loads(path.read_text()))
-    ignore = ("seeds", "out", "merge", "resume")
     settings = [{k: v for k, v in r["args"].items() if k not in ignore} for r in records]
     if any(s != settings[0] for s in settings):
         raise SystemExit("--merge: the folders were run with different settings")
+    return records
+
+
+def merge_results(folders: list[Path]) -> dict[str, Any]:
+    """One results record from several finished pipeline folders (seeds must differ, settings must match)."""
+    records = read_finished(folders, ignore=("seeds", "out", "merge", "resume"))
     per_seed = [p for r in records for p in r["per_seed"]]
     if len({p["seed"] for p in per_seed}) != len(per_seed):
         raise SystemExit("--merge: a seed appears twice")
