@@ -4,7 +4,8 @@ For each model size, a fresh process builds the policy and a frozen reference in
 on a micro-batch through the training scripts' log-prob pass (``arena_train.batching.sequence_logprobs``: LM head
 on the response positions only, vocabulary-chunked log-softmax), and records its peak resident memory above what
 it held after imports (``ru_maxrss``). The plan is computed with the CPU's settings (fp32 everywhere, no rollout
-share, no CUDA overhead) and the ratio measured / planned is printed. Baseline: the process's own resident memory after ``import torch, transformers``.
+share, no CUDA overhead) and the ratio measured / planned is printed. Baseline: the process's own resident memory
+after ``import torch, transformers``.
 
     python benchmarks/bench_memory_plan.py [--sizes m small] [--micro-batch 8] [--seq-len 512]
 """
