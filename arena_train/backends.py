@@ -145,9 +145,6 @@ class HFBackend:
             last = last + 1
             out = self.model(input_ids=token[:, None], attention_mask=attn, position_ids=last[:, None],
                              past_key_values=out.past_key_values, use_cache=True)
-        if not new:
-            empty = ids.new_zeros((ids.shape[0], 0))
-            return empty, empty.float(), empty.float()
         if score_temperature is None:
             return torch.stack(new, dim=1), None, None
         return (torch.stack(new, dim=1), torch.stack([lp for lp, _ in scores], dim=1),

@@ -292,21 +292,17 @@ def evaluate_baselines(args: Args, seeds: list[int]) -> list[EvalResult]:
 
 
 # --- stage 5: report ----------------------------------------------------------------------
-def _est(e) -> dict[str, float]:
-    return {"mean": e.mean, "low": e.low, "high": e.high, "n": e.n}
-
-
 def summarize_seeds(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
     """Mean held-out success over pipeline seeds with Student-t intervals (and of the paired gain)."""
     bc = [r["eval"]["bc"]["success"]["mean"] for r in per_seed]
     rl = [r["eval"]["rl"]["success"]["mean"] for r in per_seed if "rl" in r["eval"]]
-    out = {"bc": _est(mean_ci(bc))}
+    out = {"bc": mean_ci(bc).as_dict()}
     if len(rl) == len(bc):
-        out["rl"] = _est(mean_ci(rl))
-        out["gain"] = _est(mean_ci([b - a for a, b in zip(bc, rl)]))
+        out["rl"] = mean_ci(rl).as_dict()
+        out["gain"] = mean_ci([b - a for a, b in zip(bc, rl)]).as_dict()
         wins = [r["eval"].get("wins") for r in per_seed]
         if all(wins):  # every (pipeline seed, task seed) pair: the same tasks, different models
-            out["paired_gain_pooled"] = _est(mean_ci([y - x for w in wins for x, y in zip(w["bc"], w["rl"])]))
+            out["paired_gain_pooled"] = mean_ci([y - x for w in wins for x, y in zip(w["bc"], w["rl"])]).as_dict()
     return out
 
 
@@ -427,7 +423,7 @@ def run_seed(args: Args, seed: int) -> dict[str, Any]:
         results.append(rl_result)
         record["eval"]["rl"] = rl_result.as_dict()
         # same task seeds for both policies: a paired interval on the per-seed difference is much tighter
-        record["eval"]["paired_gain"] = _est(mean_ci([r - b for b, r in zip(bc_wins, rl_wins)]))
+        record["eval"]["paired_gain"] = mean_ci([r - b for b, r in zip(bc_wins, rl_wins)]).as_dict()
         record["eval"]["wins"] = {"bc": bc_wins, "rl": rl_wins}
     baselines = evaluate_baselines(args, seeds)
     results += baselines

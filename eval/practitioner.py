@@ -144,12 +144,13 @@ def arena_args(args: Args) -> mini_arena.Args:
     return mini_arena.resolve(arena)
 
 
-def _est(e) -> dict[str, float]:
-    return {"mean": e.mean, "low": e.low, "high": e.high, "n": e.n}
-
-
 def run_key(method: str, density: str) -> str:
     return f"{method}/{density}"
+
+
+def model_names(methods: list[str], densities: list[str]) -> list[str]:
+    """The BC start, then every run in the order the studies train them."""
+    return ["bc"] + [run_key(m, d) for d in densities for m in methods]
 
 
 def cpu_seconds() -> float:
@@ -225,14 +226,14 @@ def summarize(per_seed: list[dict[str, Any]], eval_env_ids: list[str], names: li
         out[env_id] = {}
         for name in names:
             rows = [r["eval"][env_id][name] for r in per_seed]
-            entry = {"success": _est(mean_ci([x["success"]["mean"] for x in rows])),
-                     "score": _est(mean_ci([x["score"]["mean"] for x in rows])),
-                     "valid_action": _est(mean_ci([x["valid_action"]["mean"] for x in rows])),
+            entry = {"success": mean_ci([x["success"]["mean"] for x in rows]).as_dict(),
+                     "score": mean_ci([x["score"]["mean"] for x in rows]).as_dict(),
+                     "valid_action": mean_ci([x["valid_action"]["mean"] for x in rows]).as_dict(),
                      "per_seed_success": [x["success"]["mean"] for x in rows]}
             if name != "bc":
                 pairs = [b - a for r in per_seed
                          for a, b in zip(r["eval"][env_id]["bc"]["wins"], r["eval"][env_id][name]["wins"])]
-                entry["paired_gain"] = _est(mean_ci(pairs))
+                entry["paired_gain"] = mean_ci(pairs).as_dict()
             out[env_id][name] = entry
     return out
 
@@ -246,7 +247,7 @@ def label(name: str) -> str:
 
 def write_report(results: dict[str, Any], out: Path) -> str:
     a, summary = results["args"], results["summary"]
-    names = ["bc"] + [run_key(m, d) for d in a["densities"] for m in a["methods"]]
+    names = model_names(a["methods"], a["densities"])
     seeds = ", ".join(str(s) for s in a["seeds"])
     start = ("one BC start per seed shared by its runs" if a["bc_per_seed"] else
              f"one BC start (seed {a['seeds'][0]}) shared by every run")
@@ -291,7 +292,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     a, summary = results["args"], results["summary"]
-    names = ["bc"] + [run_key(m, d) for d in a["densities"] for m in a["methods"]]
+    names = model_names(a["methods"], a["densities"])
     envs = a["eval_env_ids"]
     fig, ax = plt.subplots(figsize=(max(5.0, 1.2 * len(names) * len(envs)), 3.4))
     width = 0.8 / len(envs)
@@ -318,7 +319,7 @@ def rewrite_report(out: Path) -> dict[str, Any]:
         raise SystemExit(f"--report-only: no results.json in {out}")
     results = json.loads(path.read_text())
     a = results["args"]
-    names = ["bc"] + [run_key(m, d) for d in a["densities"] for m in a["methods"]]
+    names = model_names(a["methods"], a["densities"])
     results["summary"] = summarize(results["per_seed"], a["eval_env_ids"], names)
     path.write_text(json.dumps(results, indent=1, default=str))
     plot(results, out / "practitioner.png")
@@ -340,7 +341,7 @@ def main(args: Args) -> dict[str, Any]:
     start, cpu0 = time.perf_counter(), cpu_seconds()
     cache: dict[tuple[str, str], Any] = {}
     per_seed = [run_seed(args, arena, seed, cache) for seed in args.seeds]
-    names = ["bc"] + [run_key(m, d) for d in args.densities for m in args.methods]
+    names = model_names(args.methods, args.densities)
     results = {"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(args).items()},
                "per_seed": per_seed, "summary": summarize(per_seed, args.eval_env_ids, names),
                "wall_s": time.perf_counter() - start, "cpu_s": cpu_seconds() - cpu0}
