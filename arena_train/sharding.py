@@ -40,9 +40,13 @@ def make_accelerator(mixed_precision: str):
     one row-batch per ``backward`` (the scripts micro-batch themselves and mark the last one, ``micro_batch_sync``).
     """
     from accelerate import Accelerator, DeepSpeedPlugin, FullyShardedDataParallelPlugin, PartialState
+    from accelerate.utils import DistributedDataParallelKwargs
     from accelerate.utils import DistributedType
 
-    accelerator = Accelerator(cpu=not torch.cuda.is_available(), mixed_precision=mixed_precision)
+    # DDP without a buffer broadcast at every forward: the models' buffers are constants (rotary frequencies), and
+    # a forward-time collective would make every rank's forward count part of the protocol (a hang when they differ)
+    accelerator = Accelerator(cpu=not torch.cuda.is_available(), mixed_precision=mixed_precision,
+                              kwargs_handlers=[DistributedDataParallelKwargs(broadcast_buffers=False)])
     state = accelerator.state
     if accelerator.distributed_type == DistributedType.MULTI_CPU:
         if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true":
@@ -123,11 +127,11 @@ def _gathered(params: list[torch.nn.Parameter]):
 
 
 @contextlib.contextmanager
-def micro_batch_sync(accelerator, model, last: bool):
+def micro_batch_sync(accelerator, models, last: bool):
     """One micro-batch of a mini-batch: the last one synchronises gradients (DDP's all-reduce, FSDP2's
-    reduce-scatter), the others accumulate locally. Accelerate's DeepSpeed engine steps the optimizer inside
-    ``backward`` (clipping with the config's ``gradient_clipping``) unless told that the accumulation goes on,
-    so there only the last micro-batch ends it."""
+    reduce-scatter) of every trained model in ``models`` (one or a list: PPO's critic too), the others accumulate
+    locally. Accelerate's DeepSpeed engine steps the optimizer inside ``backward`` (clipping with the config's
+    ``gradient_clipping``) unless told that the accumulation goes on, so there only the last micro-batch ends it."""
     from accelerate.utils import DistributedType
 
     if accelerator.distributed_type == DistributedType.DEEPSPEED:
@@ -139,7 +143,9 @@ def micro_batch_sync(accelerator, model, last: bool):
     elif last:
         yield
     else:
-        with accelerator.no_sync(model):
+        with contextlib.ExitStack() as stack:
+            for model in models if isinstance(models, (list, tuple)) else [models]:
+                stack.enter_context(accelerator.no_sync(model))
             yield
 
 
