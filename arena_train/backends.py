@@ -15,7 +15,9 @@ from typing import Any
 
 import torch
 
+from arena_train.kv_cache import cache_name
 from arena_train.logprob import token_logprobs
+from arena_train.weights import full_parameters
 
 #: Fewer leading columns shared by a whole batch are not worth a separate prefill.
 MIN_SHARED_COLUMNS = 8
@@ -95,8 +97,8 @@ class HFBackend:
                 ids[b, L - len(p):], attn[b, L - len(p):] = torch.tensor(p), 1
             ids, attn = ids.to(device), attn.to(device)
             cache = self._shared_prefill(chunk, ids, attn, device) if self.share_prompts else None
-            gen, logp, entropy = self._decode(ids, attn, cache, max_new_tokens, warpers, tok.eos_token_id, pad_id,
-                                              temperature if scored else None)
+            gen, logp, entropy = self._decode(ids, attn, cache, max_new_tokens, greedy, warpers, tok.eos_token_id,
+                                              pad_id, temperature if scored else None)
             for b, seq in enumerate(gen.tolist()):
                 n = seq.index(tok.eos_token_id) + 1 if tok.eos_token_id in seq else len(seq)
                 outputs.append(seq[:n])
@@ -106,11 +108,13 @@ class HFBackend:
         self.model.train(was_training)
         return outputs, logps, entropies
 
-    def _decode(self, ids: torch.Tensor, attn: torch.Tensor, cache, max_new_tokens: int, warpers: list,
-                eos_id: int, pad_id: int, score_temperature: float | None
+    def _decode(self, ids: torch.Tensor, attn: torch.Tensor, cache, max_new_tokens: int, greedy: bool,
+                warpers: list, eos_id: int, pad_id: int, score_temperature: float | None
                 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """(B, N <= max_new_tokens) new tokens of the left-padded batch ``ids`` / ``attn`` (B, L), pad after a row's
         end token, stopping once every row has ended; ``cache`` holds the KV of all but the last prompt column.
+        Greedy takes the argmax; otherwise every step samples, from the softmax of the logits after ``warpers``
+        (none at temperature 1 without top-k / top-p: the model's own distribution).
         With ``score_temperature``, also the (B, N) log-probs of the new tokens and entropies at that temperature.
 
         The loop of ``generate(do_sample=...)`` without its per-step machinery (kwargs preparation, stopping
@@ -119,32 +123,33 @@ class HFBackend:
         place of ``torch.multinomial``, whose per-row set-up dominated a decoding step of a small model."""
         positions = (attn.cumsum(-1) - 1).masked_fill(attn == 0, 1)
         start = 0 if cache is None else ids.shape[1] - 1
+        kv = cache_name()
         out = self.model(input_ids=ids[:, start:], attention_mask=attn, position_ids=positions[:, start:],
-                         past_key_values=cache, use_cache=True, logits_to_keep=1)
+                         use_cache=True, logits_to_keep=1, **{kv: cache})
         last = positions[:, -1]
         done = torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)
         new: list[torch.Tensor] = []
         scores: list[tuple[torch.Tensor, torch.Tensor]] = []
         for step in range(max_new_tokens):
             logits = out.logits[:, -1].float()  # (B, V)
-            raw = logits
-            if warpers:
-                for warp in warpers:
-                    logits = warp(None, logits)
-                token = sample_categorical(logits.softmax(-1))
-            else:
+            if greedy:
                 token = logits.argmax(-1)
+            else:
+                warped = logits
+                for warp in warpers:
+                    warped = warp(None, warped)
+                token = sample_categorical(warped.softmax(-1))
             token = token.masked_fill(done, pad_id)
             new.append(token)
             if score_temperature is not None:
-                scores.append(token_logprobs(raw, token, score_temperature))
+                scores.append(token_logprobs(logits, token, score_temperature))
             done |= token == eos_id
             if step == max_new_tokens - 1 or bool(done.all()):
                 break
             attn = torch.cat([attn, attn.new_ones((attn.shape[0], 1))], dim=1)
             last = last + 1
             out = self.model(input_ids=token[:, None], attention_mask=attn, position_ids=last[:, None],
-                             past_key_values=out.past_key_values, use_cache=True)
+                             use_cache=True, **{kv: getattr(out, kv)})
         if score_temperature is None:
             return torch.stack(new, dim=1), None, None
         return (torch.stack(new, dim=1), torch.stack([lp for lp, _ in scores], dim=1),
@@ -167,15 +172,15 @@ class HFBackend:
         if (len(slots) == len(chunk) and not common) or u_ids.shape[1] < 1:
             return None
         positions = (u_attn.cumsum(-1) - 1).masked_fill(u_attn == 0, 1)
-        cache = None
+        kv, cache = cache_name(), None
         if common:
-            cache = self.model(input_ids=u_ids[:1, :common], attention_mask=u_attn[:1, :common],
-                               position_ids=positions[:1, :common], use_cache=True,
-                               logits_to_keep=1).past_key_values
+            cache = getattr(self.model(input_ids=u_ids[:1, :common], attention_mask=u_attn[:1, :common],
+                                       position_ids=positions[:1, :common], use_cache=True, logits_to_keep=1), kv)
             cache.reorder_cache(torch.zeros(len(first), dtype=torch.long, device=device))
         if common < u_ids.shape[1]:
-            cache = self.model(input_ids=u_ids[:, common:], attention_mask=u_attn, position_ids=positions[:, common:],
-                               past_key_values=cache, use_cache=True, logits_to_keep=1).past_key_values
+            cache = getattr(self.model(input_ids=u_ids[:, common:], attention_mask=u_attn,
+                                       position_ids=positions[:, common:], use_cache=True, logits_to_keep=1,
+                                       **{kv: cache}), kv)
         cache.reorder_cache(torch.tensor(row_slot, device=device))
         return cache
 
@@ -245,13 +250,11 @@ class VLLMBackend:
         """Load the trained weights (``lm_head.weight`` included: tied embeddings are otherwise
         silently skipped), drop cached prefixes computed with old weights, and check a probe.
 
-        The weights stream in from ``arena_train.sharding.full_parameters``: one parameter gathered at a time
+        The weights stream in from ``arena_train.weights.full_parameters``: one parameter gathered at a time
         from FSDP2/ZeRO-3 shards (every process pushes into its own engine, in the same order), LoRA merged.
         vLLM buffers them only until its layer (fused q/k/v, gate/up) is complete, so a process holds at most
         one layer's full weights besides its engine, never a full state dict. Call it on every process: the
         gathers, the probe's sharded forward and the probe's maximum over the processes are collectives."""
-        from arena_train.sharding import full_parameters
-
         start = time.perf_counter()
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": full_parameters(model)})
         self.llm.reset_prefix_cache()

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from arena_train.logprob import VOCAB_CHUNK
+from arena_train.models import LORA_TARGETS, resolve_policy_path
 
 GIB = 1024**3
 Sharding = Literal["ddp", "fsdp", "zero3"]
@@ -50,8 +51,6 @@ QWEN3_SHAPES: dict[str, dict[str, int | bool]] = {
     "Qwen3-8B": dict(hidden_size=4096, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8,
                      head_dim=128, intermediate_size=12288, vocab_size=151936, tie_word_embeddings=False),
 }
-#: Linear layers LoRA adapts by default (every projection of attention and MLP).
-LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 @dataclass(frozen=True)
@@ -255,8 +254,6 @@ def print_run_plan(model_path: str, *, micro_batch_size: int, lora_rank: int, ma
     capacity = torch.cuda.get_device_properties(0).total_memory / GIB if on_gpu else 80.0
     name = model_path.removeprefix("Qwen/")
     if name not in QWEN3_SHAPES:  # a folder, 'tiny', a cached hub id: its config.json (a bad path: one line)
-        from arena_train.models import resolve_policy_path
-
         name = resolve_policy_path(model_path)
     shape = named_shape(name)
     low = mixed_precision in ("bf16", "fp16")

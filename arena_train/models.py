@@ -13,6 +13,8 @@ BC_CHECKPOINT = "checkpoints/sft-sokoban-tiny"
 #: What a Hugging Face hub id looks like ("org/name"); anything else that does not exist is a missing folder.
 _HUB_ID = re.compile(r"^[\w][\w.-]*/[\w][\w.-]*$")
 _HELP = "pass a model folder (with config.json), a cached hub id, 'tiny' or 'smollm2'"
+#: Linear layers LoRA adapts by default (every projection of attention and MLP).
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 def load_model_and_tokenizer(path: str, dtype: torch.dtype):
@@ -70,8 +72,6 @@ def load_policy_and_reference(path: str, dtype: torch.dtype, *, lora_rank: int =
         reference, _ = load_model_and_tokenizer(path, dtype)
         return policy, reference.requires_grad_(False).eval(), tokenizer
     from peft import LoraConfig, get_peft_model
-
-    from arena_train.memory import LORA_TARGETS
 
     config = LoraConfig(r=lora_rank, lora_alpha=2 * lora_rank, lora_dropout=0.0, target_modules=list(LORA_TARGETS),
                         task_type="CAUSAL_LM")

@@ -181,7 +181,8 @@ def collect_rows(backend, tokenizer, rollout, seeds: list[int], config: RolloutC
     oldest history pairs first (``fit_prompts``). Adds to ``stats``: ``gen_tokens``, ``dropped_history`` (pairs
     left out) and ``truncated_prompts`` (prompts cut in the middle even without history).
     A backend that scores its rollouts (``HFBackend(score_rollouts=True)``) also fills ``rollout_logp`` and
-    ``rollout_entropy``. ``config.row_layout == "trajectory"`` gives one row per episode instead
+    ``rollout_entropy`` of sampled training rows; greedy rollouts and held-out seeds (evaluation: never trained on)
+    skip that work. ``config.row_layout == "trajectory"`` gives one row per episode instead
     (``arena_train.trajectory.collect_trajectories``).
     """
     if config.row_layout == "trajectory":
@@ -192,7 +193,9 @@ def collect_rows(backend, tokenizer, rollout, seeds: list[int], config: RolloutC
         raise ValueError(f"row_layout must be 'step' or 'trajectory', got {config.row_layout!r}")
     rollout.reset(seeds)
     rows: list[Row] = []
-    scored = not greedy and getattr(backend, "score_rollouts", False)  # the policy's own log-probs, kept on rows
+    # the policy's own log-probs, kept on rows that may be trained on
+    scored = (not greedy and getattr(backend, "score_rollouts", False)
+              and any(seed < EVAL_SEED_OFFSET for seed in seeds))
     for _ in range(config.max_turns):
         active = rollout.active()
         if not active:

@@ -251,6 +251,9 @@ def test_generation_with_shared_prompts_gives_the_same_tokens(model, tiny_model,
             outputs.append(HFBackend(model, tokenizer, share_prompts=share).generate(prompts, 12, 1.0, 1.0, greedy))
         assert outputs[0] == outputs[1]
         assert all(len(o) > 0 for o in outputs[1])
+        repeats = [(a, b) for a in range(len(prompts)) for b in range(a) if prompts[a] == prompts[b]]
+        if repeats:  # identical prompts: the same tokens greedy, other tokens sampled
+            assert greedy == all(outputs[1][a] == outputs[1][b] for a, b in repeats)
 
 
 # --- the rollout's own log-probs in place of the policy's scoring pass ---------------------------------------
@@ -271,6 +274,7 @@ def test_scored_generation_gives_the_scoring_pass_log_probs_and_entropies(model,
     tokens, logps, entropies = backend.generate_scored(prompts, 12, temperature, top_p)
     torch.manual_seed(5)
     assert backend.generate(prompts, 12, temperature, top_p, greedy=False) == tokens
+    assert tokens[5:] != tokens[:2]  # the repeated prompts sample other tokens
     rows = [row(p, t, group=g) for g, (p, t) in enumerate(zip(prompts, tokens))]
     score_rows(model, None, rows, micro_batch_size=4, temperature=temperature, pad_id=tokenizer.pad_token_id,
                device="cpu", stats=defaultdict(float))

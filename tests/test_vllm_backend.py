@@ -230,7 +230,7 @@ PUSH_WORKER = textwrap.dedent("""
     import json, sys, weakref
     import torch
     torch.set_num_threads(1)  # before the engine starts
-    import arena_train.sharding as sharding
+    import arena_train.backends as backends
     import wrappers
     from arena_train.models import load_policy_and_reference
     from arena_train.rollout import encode_prompt
@@ -280,7 +280,7 @@ PUSH_WORKER = textwrap.dedent("""
 
     # the push, with every full tensor it receives followed: how many bytes of them are alive at once
     sizes, live, peak = {}, [], [0]
-    gather = sharding.full_parameters
+    gather = backends.full_parameters
 
     def followed(m):
         for name, tensor in gather(m):
@@ -290,10 +290,10 @@ PUSH_WORKER = textwrap.dedent("""
             peak[0] = max(peak[0], sum(n for _, n in live))
             yield name, tensor
 
-    sharding.full_parameters = followed
+    backends.full_parameters = followed
     acc.wait_for_everyone()  # push_time_s: the push itself, not the wait for the other process's generation
     metrics = backend.push(model)
-    sharding.full_parameters = gather
+    backends.full_parameters = gather
     layers = {}
     for name, size in sizes.items():
         if name.startswith("model.layers."):
