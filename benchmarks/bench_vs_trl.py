@@ -6,7 +6,9 @@ order flips every round), each in its own process: same tiny Qwen3, same Sokoban
 grpo.py draws, rendered by the same chat template: 119 tokens), 8 prompts x 8 completions, one optimizer step
 per iteration on all 64 rows, KL 0.01, temperature 1, float32, the same thread count. The first ``--warmup``
 iterations of each run are skipped. Printed per phase (generate / score / update): seconds, tokens/s, the
-process's peak RSS, and grpo/TRL ratios (min and median over rounds). The mismatches that remain are printed.
+process's peak RSS, and grpo/TRL ratios (min and median over rounds); and, to show that both sides sample,
+the distinct completions per group of 8 in the timed runs themselves (8 = every completion differs, 1 = greedy).
+The mismatches that remain are printed.
 
 Half 2 (multi-turn): algos/sampo.py at the mini-arena settings (8 groups x 8, 10 turns, 8 new tokens, 128 rows
 per mini-batch) for a few iterations, this checkout vs ``--baseline-ref`` (exported with ``git archive``),
@@ -23,11 +25,13 @@ import argparse
 import json
 import os
 import platform
+import runpy
 import shlex
 import subprocess
 import sys
 import tempfile
 import time
+from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
@@ -80,7 +84,8 @@ def trl_worker(model_path: str, completion_length: int, iterations: int, threads
     torch.set_num_threads(threads)
     seeds = [s for it in range(1, iterations + 1) for s in task_seeds(SEED, it, GROUPS, 0, 1)]
     data = Dataset.from_list([{"prompt": m} for m in sokoban_messages(seeds)])
-    timing: dict[str, list[float]] = {"gen_and_score": [], "score": [], "step": [], "completion_length": []}
+    timing: dict[str, list[float]] = {"gen_and_score": [], "score": [], "step": [], "completion_length": [],
+                                      "distinct_per_group": []}
 
     class TimedGRPOTrainer(GRPOTrainer):
         """GRPOTrainer whose generation (with its scoring passes) and scoring passes are timed."""
@@ -94,6 +99,11 @@ def trl_worker(model_path: str, completion_length: int, iterations: int, threads
             self._in_generation = False
             timing["gen_and_score"].append(time.perf_counter() - start)
             timing["completion_length"].append(float(out["completion_mask"].sum(-1).float().mean()))
+            completions = [tuple(ids[mask.bool()].tolist()) for ids, mask in zip(out["completion_ids"],
+                                                                               out["completion_mask"])]
+            # TRL repeats each prompt num_generations times in a row
+            timing["distinct_per_group"].append(float(np.mean([len(set(completions[i:i + GROUP_SIZE]))
+                                                               for i in range(0, len(completions), GROUP_SIZE)])))
             return out
 
         def _get_per_token_logps_and_entropies(self, *args, **kwargs):
@@ -125,26 +135,51 @@ def trl_worker(model_path: str, completion_length: int, iterations: int, threads
     prompt_len = len(tokenizer.apply_chat_template(data[0]["prompt"], add_generation_prompt=True, tokenize=True,
                                                    return_dict=True)["input_ids"])
     iters = []
-    for gs, sc, step, length in zip(timing["gen_and_score"], timing["score"], timing["step"],
-                                    timing["completion_length"]):
+    for gs, sc, step, length, distinct in zip(timing["gen_and_score"], timing["score"], timing["step"],
+                                              timing["completion_length"], timing["distinct_per_group"]):
         iters.append({"generate": gs - sc, "score": sc, "update": step - gs, "completion_length": length,
-                      "prompt_length": prompt_len})
+                      "distinct_per_group": distinct, "prompt_length": prompt_len})
     return {"iterations": iters}
+
+
+def grpo_worker(result_file: str, argv: list[str]) -> None:
+    """algos/grpo.py with ``argv`` in this process, its ``collect_rows`` counting the distinct responses per group
+    of each iteration (written to ``result_file``)."""
+    import arena_train.rollout as rollout
+
+    collect, distinct = rollout.collect_rows, []
+
+    def counted(*args, **kwargs):
+        rows, episodes = collect(*args, **kwargs)
+        groups = defaultdict(set)
+        for r in rows:
+            groups[r.group].add(tuple(r.response_ids))
+        distinct.append(float(np.mean([len(g) for g in groups.values()])))
+        return rows, episodes
+
+    rollout.collect_rows = counted  # before the script's own ``from arena_train.rollout import collect_rows``
+    script = ROOT / "algos" / "grpo.py"
+    sys.argv = [str(script), *argv]
+    runpy.run_path(str(script), run_name="__main__")
+    Path(result_file).write_text(json.dumps(distinct))
 
 
 def grpo_run(model_path: str, completion_length: int, iterations: int, threads: int, out: Path) -> dict:
     """One algos/grpo.py run (single turn, matched settings); per-iteration phase times from its metrics."""
-    cmd = [sys.executable, str(ROOT / "algos" / "grpo.py"), "--model-path", model_path, "--output-dir", str(out),
-           "--run-name", "grpo", "--env-id", "ARL/Sokoban-Mini-v0", "--max-turns", "1", "--num-groups", str(GROUPS),
-           "--group-size", str(GROUP_SIZE), "--max-response-tokens", str(completion_length), "--temperature", "1.0",
-           "--top-p", "1.0", "--kl-coef", str(KL), "--learning-rate", str(LR), "--mini-batch-size",
-           str(GROUPS * GROUP_SIZE), "--micro-batch-size", str(GROUPS * GROUP_SIZE), "--num-iterations",
-           str(iterations), "--eval-every", "0", "--checkpoint-every", "0", "--torch-threads", str(threads),
-           "--seed", str(SEED)]
+    flags = ["--model-path", model_path, "--output-dir", str(out),
+             "--run-name", "grpo", "--env-id", "ARL/Sokoban-Mini-v0", "--max-turns", "1", "--num-groups", str(GROUPS),
+             "--group-size", str(GROUP_SIZE), "--max-response-tokens", str(completion_length), "--temperature", "1.0",
+             "--top-p", "1.0", "--kl-coef", str(KL), "--learning-rate", str(LR), "--mini-batch-size",
+             str(GROUPS * GROUP_SIZE), "--micro-batch-size", str(GROUPS * GROUP_SIZE), "--num-iterations",
+             str(iterations), "--eval-every", "0", "--checkpoint-every", "0", "--torch-threads", str(threads),
+             "--seed", str(SEED)]
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--grpo-worker", str(out / "distinct.json"), "--", *flags]
     rss = run_measured(cmd, threads)
     lines = [json.loads(x) for x in (out / "grpo" / "metrics.jsonl").read_text().splitlines()]
+    distinct = json.loads((out / "distinct.json").read_text())
     iters = [{"generate": m["perf/time_rollout_s"] - m["perf/time_score_s"], "score": m["perf/time_score_s"],
-              "update": m["perf/time_update_s"], "completion_length": m["rollout/response_length"]} for m in lines]
+              "update": m["perf/time_update_s"], "completion_length": m["rollout/response_length"],
+              "distinct_per_group": d} for m, d in zip(lines, distinct)]
     return {"iterations": iters, "peak_rss_mib": rss, "command": shlex.join(cmd)}
 
 
@@ -174,7 +209,7 @@ def trl_run(model_path: str, completion_length: int, iterations: int, threads: i
 def summarise(run: dict, warmup: int) -> dict[str, float]:
     """Median per phase over the iterations after ``warmup``, tokens/s and the peak RSS."""
     iters = run["iterations"][warmup:]
-    med = {k: float(np.median([it[k] for it in iters])) for k in (*PHASES, "completion_length")}
+    med = {k: float(np.median([it[k] for it in iters])) for k in (*PHASES, "completion_length", "distinct_per_group")}
     med["iteration"] = float(np.median([sum(it[p] for p in PHASES) for it in iters]))
     rows = GROUPS * GROUP_SIZE
     med["gen_tok_s"] = rows * med["completion_length"] / max(med["generate"], 1e-9)
@@ -221,18 +256,18 @@ def _count_params(model_path: str) -> int:
 def _print_config(title: str, runs: dict[str, list[dict]]) -> None:
     print(f"\n### {title}")
     print("| | generate s | score s | update s | iteration s | gen tok/s | score tok/s | update tok/s | "
-          "completion len | peak RSS MiB |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "completion len | distinct / group of 8 | peak RSS MiB |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for name, label in (("grpo", "grpo.py"), ("trl", "TRL")):
         s = {k: float(np.median([r[k] for r in runs[name]])) for k in runs[name][0]}
         print(f"| {label} (median of runs) | {s['generate']:.2f} | {s['score']:.2f} | {s['update']:.2f} | "
               f"{s['iteration']:.2f} | {s['gen_tok_s']:,.0f} | {s['score_tok_s']:,.0f} | {s['update_tok_s']:,.0f} | "
-              f"{s['completion_length']:.1f} | {s['peak_rss_mib']:,.0f} |")
+              f"{s['completion_length']:.1f} | {s['distinct_per_group']:.1f} | {s['peak_rss_mib']:,.0f} |")
     ratios = {k: [g[k] / max(t[k], 1e-9) for g, t in zip(runs["grpo"], runs["trl"])]
               for k in (*PHASES, "iteration", "peak_rss_mib")}
     print("| grpo.py / TRL, min / median over rounds | " + " | ".join(
         f"{min(ratios[k]):.2f} / {np.median(ratios[k]):.2f}" for k in (*PHASES, "iteration"))
-        + " | | | | | " + f"{min(ratios['peak_rss_mib']):.2f} / {np.median(ratios['peak_rss_mib']):.2f} |")
+        + " | | | | | | " + f"{min(ratios['peak_rss_mib']):.2f} / {np.median(ratios['peak_rss_mib']):.2f} |")
 
 
 def multi_turn(args) -> None:
@@ -299,12 +334,17 @@ def main() -> None:
     parser.add_argument("--multi-turn-model", default="checkpoints/sft-sokoban-tiny",
                         help="policy of the multi-turn half (default: algos/sft.py's checkpoint; 'tiny' = untrained)")
     parser.add_argument("--trl-worker", help=argparse.SUPPRESS)
+    parser.add_argument("--grpo-worker", help=argparse.SUPPRESS)
+    parser.add_argument("grpo_args", nargs="*", help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     parser.add_argument("--worker-completion-length", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.warmup >= args.iterations:
         parser.error("--iterations must exceed --warmup (warm-up iterations are left out)")
     args.multi_turn_threads = sorted(set(args.multi_turn_threads))
+    if args.grpo_worker:
+        grpo_worker(args.grpo_worker, args.grpo_args)
+        return
     if args.trl_worker:
         result = trl_worker(args.model, args.worker_completion_length, args.iterations, args.threads)
         Path(args.trl_worker).write_text(json.dumps(result))
