@@ -1,98 +1,25 @@
-"""Rows from a group rollout: prompt encoding, task seeds and the batched multi-turn collection loop."""
+"""Rows from a group rollout: prompt fitting, task seeds and the batched multi-turn collection loop (the row records
+and prompt encoding live in ``arena_train.rows``, shared with the trajectory layout)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+# re-exported: callers import every row record and prompt helper from this module
+from arena_train.rows import RolloutConfig, Row, cut_at_turn_end, encode_prompts
+from arena_train.rows import TurnSpan as TurnSpan
+from arena_train.rows import encode_prompt as encode_prompt
+from arena_train.trajectory import collect_trajectories
 
 #: Task seeds >= this are held out for evaluation; training task seeds are drawn below it.
 EVAL_SEED_OFFSET = 1_000_000_000
 
 
-@dataclass(frozen=True)
-class TurnSpan:
-    """One turn inside a trajectory row: its response tokens ``response_ids[start:end]`` and its rewards."""
-
-    start: int
-    end: int
-    env_reward: float  # env reward of this turn, before the format penalty
-    format_penalty: float
-
-
-@dataclass
-class Row:
-    """A training sample (prompt -> response): one turn of one episode ("step" layout), or a whole episode with
-    the env's tokens inside the response and masked out of the loss ("trajectory" layout, ``turns`` filled)."""
-
-    group: int  # task instance; the G episodes of a group share it
-    episode: int  # trajectory id, unique within the batch
-    turn: int  # 0-based step index in its episode
-    prompt_ids: list[int]
-    response_ids: list[int]
-    step_reward: float  # env reward of this turn, before the format penalty
-    format_penalty: float  # penalty of this turn (0 or --format-penalty)
-    format_ok: bool
-    action_is_valid: bool
-    anchor: Any  # canonical key of the state acted on (GiGPO)
-    won: bool  # the episode was won (filled when it ends)
-    env_return: float = 0.0  # the episode's env return, format penalties excluded (EpisodeStats.env_return)
-    advantage: Any = 0.0  # float or (len(response_ids),) array
-    old_logp: np.ndarray | None = None  # (len(response_ids),) log-probs before the update
-    ref_logp: np.ndarray | None = None  # (len(response_ids),) log-probs of the reference model
-    entropy: float = 0.0  # mean token entropy of the response under the old policy (EMPG)
-    rollout_logp: np.ndarray | None = None  # (len(response_ids),) log-probs from the generation pass itself
-    rollout_entropy: float = 0.0  # mean token entropy from the generation pass (with rollout_logp)
-    extra: dict[str, Any] = field(default_factory=dict)  # room for method-specific data
-    loss_mask: np.ndarray | None = None  # (len(response_ids),) 1 = policy token, 0 = env token; None = all 1
-    turns: list[TurnSpan] = field(default_factory=list)  # trajectory rows: every turn's span (empty for step rows)
-
-
-@dataclass(frozen=True)
-class RolloutConfig:
-    """How one rollout generates: turn budget, prompt and response lengths, sampling."""
-
-    max_turns: int
-    max_prompt_tokens: int  # longer prompts drop their oldest history pairs first (fit_prompts)
-    max_response_tokens: int  # new tokens per turn
-    temperature: float = 1.0  # ignored by greedy rollouts
-    top_p: float = 1.0  # ignored by greedy rollouts
-    row_layout: str = "step"  # "step": a row per turn; "trajectory": a row per episode (arena_train.trajectory)
-    top_k: int = 0  # 0 = off; ignored by greedy rollouts
-
-
 #: ARLArena's validation sampling (verl ``val_kwargs``: temperature 0.6, top-p 0.95, top-k 20), the default of
 #: the in-run and standalone evaluations; greedy decoding is the option.
 VAL_TEMPERATURE, VAL_TOP_P, VAL_TOP_K = 0.6, 0.95, 20
-
-
-def encode_prompts(tokenizer, conversations: list[list[dict[str, str]]], max_tokens: int
-                   ) -> list[tuple[list[int], bool]]:
-    """Chat-template token ids with the generation prompt of each conversation, and whether they were cut to
-    ``max_tokens``; one batched template call and one batched tokenizer call.
-
-    A cut drops the middle and keeps the first and last halves: the start holds the instructions and the task,
-    the end the admissible actions, the answer format and the generation prompt."""
-    if not conversations:
-        return []
-    texts = tokenizer.apply_chat_template(conversations, add_generation_prompt=True, tokenize=False)
-    # what tokenize=True does with the rendered text, without building the attention masks nobody reads
-    encoded = tokenizer(texts, add_special_tokens=False, return_attention_mask=False)["input_ids"]
-    out = []
-    for ids in encoded:
-        ids = list(ids)
-        if len(ids) <= max_tokens:
-            out.append((ids, False))
-        else:
-            head = max_tokens // 2
-            out.append((ids[:head] + ids[len(ids) - (max_tokens - head):], True))
-    return out
-
-
-def encode_prompt(tokenizer, messages: list[dict[str, str]], max_tokens: int) -> tuple[list[int], bool]:
-    """``encode_prompts`` of one conversation."""
-    return encode_prompts(tokenizer, [messages], max_tokens)[0]
 
 
 def fit_prompts(tokenizer, variants: list[list[list[dict[str, str]]]], max_tokens: int
@@ -150,27 +77,6 @@ def held_out_seeds(num_episodes: int, rank: int, world: int) -> list[int]:
     return [EVAL_SEED_OFFSET + k for k in range(num_episodes)][rank::world]
 
 
-def cut_at_turn_end(tokenizer, envs, responses: list[list[int]]) -> list[list[int]]:
-    """Each response cut after the shortest prefix at which its env (``envs[k].unwrapped``) reads the turn as
-    complete, for envs with a ``turn_end(text) -> int | None`` hook (TIR-Math: the end of a code block or an
-    answer). Sampling is token by token, so a cut response is exactly what generation stopping there would give."""
-    out = []
-    for env, ids in zip(envs, responses):
-        turn_end = getattr(env.unwrapped, "turn_end", None)
-        if turn_end is None or turn_end(tokenizer.decode(ids, skip_special_tokens=True)) is None:
-            out.append(list(ids))
-            continue
-        lo, hi = 1, len(ids)  # the whole response is complete; a longer prefix of a complete turn stays complete
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if turn_end(tokenizer.decode(ids[:mid], skip_special_tokens=True)) is None:
-                lo = mid + 1
-            else:
-                hi = mid
-        out.append(list(ids[:hi]))
-    return out
-
-
 def collect_rows(backend, tokenizer, rollout, seeds: list[int], config: RolloutConfig, stats: dict[str, float],
                  greedy: bool = False, id_offset: int = 0) -> tuple[list[Row], list[Any]]:
     """Play every episode of ``rollout`` (a ``wrappers.GroupRollout``) on ``seeds`` to the end, batching all active
@@ -186,8 +92,6 @@ def collect_rows(backend, tokenizer, rollout, seeds: list[int], config: RolloutC
     (``arena_train.trajectory.collect_trajectories``).
     """
     if config.row_layout == "trajectory":
-        from arena_train.trajectory import collect_trajectories  # imports this module
-
         return collect_trajectories(backend, tokenizer, rollout, seeds, config, stats, greedy, id_offset)
     if config.row_layout != "step":
         raise ValueError(f"row_layout must be 'step' or 'trajectory', got {config.row_layout!r}")

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from arena_train.rollout import RolloutConfig, Row, TurnSpan, cut_at_turn_end, encode_prompt
+from arena_train.rows import RolloutConfig, Row, TurnSpan, cut_at_turn_end, encode_prompt
 
 #: Stand-in for a response when the chat template renders the text between two assistant turns.
 _SENTINEL = "<<ARL-RESPONSE>>"
