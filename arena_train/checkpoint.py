@@ -123,14 +123,26 @@ def find_resume_checkpoint(run_dir: Path, fallback: bool = False) -> tuple[Path,
             raise CheckpointError(f"{err}. Pass --resume-fallback to resume from the newest intact earlier "
                                   f"checkpoint, or --overwrite to start the run over") from None
         damage = str(err)
+    found = newest_verified_checkpoint(run_dir)
+    if found is None:
+        raise CheckpointError(f"{damage}, and no earlier checkpoint of {run_dir} is intact")
+    print(f"warning: {damage}; falling back to {found[0]}", flush=True)
+    return found
+
+
+def newest_verified_checkpoint(run_dir: Path, at_most: int | None = None) -> tuple[Path, int] | None:
+    """(folder, iteration) of the newest checkpoint folder of ``run_dir`` that verifies, among those of iteration
+    ``at_most`` or earlier when given (a collapse alarm's last healthy one); None when there is none. The
+    pointer is not consulted: damaged or newer folders are passed over."""
     for iteration, folder in reversed(checkpoint_folders(run_dir)):
+        if at_most is not None and iteration > at_most:
+            continue
         try:
             verify_checkpoint(folder)
         except CheckpointError:
             continue
-        print(f"warning: {damage}; falling back to {folder}", flush=True)
         return folder, iteration
-    raise CheckpointError(f"{damage}, and no earlier checkpoint of {run_dir} is intact")
+    return None
 
 
 def latest_checkpoint_iteration(run_dir: Path) -> int | None:
