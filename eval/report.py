@@ -4,7 +4,7 @@
 
 Writes into ``--out``: ``dynamics_<env>.png/.pdf`` (success, grad norm, KL, entropy,
 valid-format ratio, response length vs iteration; one line per method, mean ± std
-band over seeds, collapse onsets marked ×), ``table.md`` / ``table.tex`` (methods ×
+band over seeds, collapse onsets marked ×, the runs' first in-run alarms ▼), ``table.md`` / ``table.tex`` (methods ×
 envs, score and success as mean ± std over seeds, relative change of the mean vs the
 baseline method, plus the paper's row average), ``stability.json`` and a
 self-contained ``report.html`` (images inlined) next to ``report.md``.
@@ -31,7 +31,15 @@ import numpy as np  # noqa: E402
 import tyro  # noqa: E402
 
 from eval.runlog import METRICS_FILE, RunLog, RunLogError  # noqa: E402
-from eval.stability import EVAL_SUCCESS_KEY, RunStability, StabilityConfig, analyze, curve_summary, fmt  # noqa: E402
+from eval.stability import (  # noqa: E402
+    EVAL_SUCCESS_KEY,
+    RunStability,
+    StabilityConfig,
+    alarm_text,
+    analyze,
+    curve_summary,
+    fmt,
+)
 from eval.sweep import METHODS  # noqa: E402
 
 RETURN_KEY = "rollout/episode_return"
@@ -261,7 +269,7 @@ def plot_dynamics(runs: list[Run], env: str, out_stem: Path, baseline: str = "GR
     handles, labels = axes.flat[0].get_legend_handles_labels()
     if handles:
         fig.legend(handles, labels, loc="lower center", ncol=min(6, len(labels)), frameon=False)
-    fig.suptitle(f"{env}: training dynamics (mean ± std over seeds; × = collapse onset)")
+    fig.suptitle(f"{env}: training dynamics (mean ± std over seeds; × = collapse onset, ▼ = first in-run alarm)")
     fig.tight_layout(rect=(0, 0.06, 1, 0.96))
     paths = [out_stem.with_suffix(".png"), out_stem.with_suffix(".pdf")]
     for path in paths:
@@ -271,21 +279,34 @@ def plot_dynamics(runs: list[Run], env: str, out_stem: Path, baseline: str = "GR
 
 
 def _mark_collapses(runs: list[Run], its: np.ndarray, mean: np.ndarray, ax, color) -> None:
-    points = [r.stability.collapse_iteration for r in runs if r.stability.collapse_iteration is not None]
-    if points:
-        ys = np.interp(points, its, np.nan_to_num(mean)) if len(its) else np.zeros(len(points))
-        ax.scatter(points, ys, marker="x", s=70, color=color, zorder=5)
+    """× at each run's post-hoc collapse onset, ▼ at its in-run alarm's first event, on the method's curve."""
+    for marker, points in (("x", [r.stability.collapse_iteration for r in runs]),
+                           ("v", [r.stability.alarms[0].iteration if r.stability.alarms else None for r in runs])):
+        points = [p for p in points if p is not None]
+        if points:
+            ys = np.interp(points, its, np.nan_to_num(mean)) if len(its) else np.zeros(len(points))
+            ax.scatter(points, ys, marker=marker, s=70, color=color, zorder=5)
 
 
 # --- report ----------------------------------------------------------------------------
 def stability_rows(runs: list[Run]) -> list[list[str]]:
-    rows = [["run", "method", "env", "seed", "best", "final", "AUC", "collapse"]]
+    rows = [["run", "method", "env", "seed", "best", "final", "AUC", "collapse", "in-run alarm"]]
     for r in sorted(runs, key=lambda r: (r.env, r.method, r.log.seed or 0)):
         s = r.stability
         collapse = ", ".join(f"{t.criterion}@{fmt(t.iteration, 6)}" for t in s.triggers) or "no"
         rows.append([s.run, r.method, r.env, fmt(s.seed), fmt(s.best_success), fmt(s.final_success),
-                     fmt(s.auc_success), collapse])
+                     fmt(s.auc_success), collapse, alarm_text(s.alarms)])
     return rows
+
+
+def alarm_lines(runs: list[Run]) -> list[str]:
+    """One line per in-run alarm event, with its reason when the run's summary.json recorded it."""
+    lines = []
+    for r in sorted(runs, key=lambda r: (r.env, r.method, r.log.seed or 0)):
+        for a in r.stability.alarms:
+            onset = "" if a.onset is None else f" (onset {fmt(a.onset, 6)})"
+            lines.append(f"{r.stability.run}: {a.label()}{onset}{': ' + a.reason if a.reason else ''}")
+    return lines
 
 
 def write_report(runs: list[Run], out: Path, baseline: str = "GRPO", source: str = "auto",
@@ -308,6 +329,9 @@ def write_report(runs: list[Run], out: Path, baseline: str = "GRPO", source: str
     md += [f"![{env}]({png.name})  \n[PDF]({png.with_suffix('.pdf').name})\n" for env, png in figures]
     md += ["## Stability per run", "", "| " + " | ".join(srows[0]) + " |", "|" + "---|" * len(srows[0])]
     md += ["| " + " | ".join(row) + " |" for row in srows[1:]]
+    alarms = alarm_lines(runs)
+    if alarms:
+        md += ["", "In-run alarm events:", ""] + [f"- {line}" for line in alarms]
     files["report.md"] = out / "report.md"
     files["report.md"].write_text("\n".join(md) + "\n")
     imgs = "".join(f"<h3>{html.escape(env)}</h3><img alt='{html.escape(env)}' src='data:image/png;base64,"
@@ -315,6 +339,8 @@ def write_report(runs: list[Run], out: Path, baseline: str = "GRPO", source: str
     cells = lambda row, tag: "".join(f"<{tag}>{html.escape(c)}</{tag}>" for c in row)  # noqa: E731
     stab = "<table><tr>" + cells(srows[0], "th") + "</tr>" + "".join(
         f"<tr>{cells(row, 'td')}</tr>" for row in srows[1:]) + "</table>"
+    if alarms:
+        stab += "<p>In-run alarm events:</p><ul>" + "".join(f"<li>{html.escape(a)}</li>" for a in alarms) + "</ul>"
     style = ("body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;margin:1em 0}"
              "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}img{max-width:100%}")
     files["report.html"] = out / "report.html"

@@ -18,6 +18,11 @@ iteration where the bad stretch began (``iteration``) and where it was confirmed
   ``window`` finite values (needs ``min_history`` of them);
 - ``kl_blowup``: KL to the reference non-finite, or > max(``kl_floor``,
   ``kl_factor`` × running median) — KL starts near 0, so a ratio alone fires on noise.
+
+Beside this post-hoc verdict, ``alarms`` lists what the run's own in-run alarm (``arena_train.monitor``)
+reported and did: the ``stability/events`` of its ``summary.json`` when it finished, else the events rebuilt
+from the ``stability/*`` keys of ``metrics.jsonl`` (a signal's first iteration in each stretch it fired, and
+every signal of a stop or rollback iteration).
 """
 
 from __future__ import annotations
@@ -31,10 +36,12 @@ from pathlib import Path
 import numpy as np
 import tyro
 
+from arena_train.monitor import SIGNALS
 from eval.runlog import RunLog, RunLogError
 
 SUCCESS_KEY = "rollout/success_rate"
 EVAL_SUCCESS_KEY = "eval/success_rate"
+SUMMARY_FILE = "summary.json"
 
 
 @dataclass(frozen=True)
@@ -80,6 +87,24 @@ class Trigger:
     detail: str
 
 
+@dataclass(frozen=True)
+class Alarm:
+    """One event of the in-run alarm: a signal that fired and what the run did (warn, stop, rollback)."""
+
+    iteration: float
+    signal: str
+    action: str
+    checkpoint: float | None = None
+    onset: float | None = None
+    reason: str = ""
+
+    def label(self) -> str:
+        act = "" if self.action == "warn" else f"->{self.action}"
+        if self.action in ("stop", "rollback") and self.checkpoint is not None:
+            act += f"({fmt(self.checkpoint, 6)})"
+        return f"{self.signal}@{fmt(self.iteration, 6)}{act}"
+
+
 @dataclass
 class RunStability:
     """Summary of one run; numbers are NaN where the run did not log the metric."""
@@ -97,6 +122,7 @@ class RunStability:
     eval_best_success: float
     eval_final_success: float
     triggers: list[Trigger] = field(default_factory=list)
+    alarms: list[Alarm] = field(default_factory=list)
     unchecked: list[str] = field(default_factory=list)
     skipped_lines: int = 0
 
@@ -191,6 +217,42 @@ def _finite(its: np.ndarray, vals: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return its[keep], vals[keep]
 
 
+# --- the in-run alarm --------------------------------------------------------------------
+def _number(x) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
+
+
+def in_run_alarms(log: RunLog) -> list[Alarm]:
+    """The run's in-run alarm events: from ``summary.json`` (``stability/events``) when it has them, else rebuilt
+    from the ``stability/*`` metrics (no reasons there). Empty for runs without the monitor."""
+    try:
+        summary = json.loads((log.run_dir / SUMMARY_FILE).read_text())
+    except (OSError, ValueError):
+        summary = None
+    events = summary.get("stability/events") if isinstance(summary, dict) else None
+    if isinstance(events, list):
+        return [Alarm(float(e["iteration"]), str(e["signal"]), str(e.get("action", "warn")),
+                      _number(e.get("checkpoint")), _number(e.get("onset")), str(e.get("reason", "")))
+                for e in events if isinstance(e, dict) and _number(e.get("iteration")) is not None
+                and "signal" in e]
+    monitored, _ = log.series("stability/alarms")
+    if len(monitored) == 0:
+        return []
+    acts = {}
+    for action in ("rollback", "stop"):
+        its, targets = log.series(f"stability/{action}")
+        acts.update({it: (action, None if t < 0 else t) for it, t in zip(its, targets)})
+    fired = {name: set(log.series(f"stability/{name}")[0]) for name in SIGNALS}
+    alarms, previous = [], None
+    for it in monitored:
+        action, checkpoint = acts.get(it, ("warn", None))
+        for name in SIGNALS:
+            if it in fired[name] and (action != "warn" or previous not in fired[name]):
+                alarms.append(Alarm(float(it), name, action, checkpoint))
+        previous = it
+    return alarms
+
+
 # --- summary ---------------------------------------------------------------------------
 def curve_summary(its: np.ndarray, vals: np.ndarray, final_window: int) -> tuple[float, float, float, float]:
     """(best, iteration of best, final = mean of last ``final_window``, normalised AUC)."""
@@ -215,7 +277,7 @@ def analyze(log: RunLog, cfg: StabilityConfig = StabilityConfig()) -> RunStabili
         run=log.name, run_dir=str(log.run_dir), method=log.method, env=log.env, seed=log.seed,
         iterations=len(log.rows), best_success=best, best_iteration=best_it, final_success=final,
         auc_success=auc, eval_best_success=eval_best, eval_final_success=eval_final, triggers=triggers,
-        unchecked=[k for k in keys if not log.has(k)], skipped_lines=log.skipped_lines,
+        alarms=in_run_alarms(log), unchecked=[k for k in keys if not log.has(k)], skipped_lines=log.skipped_lines,
     )
 
 
@@ -227,15 +289,20 @@ def fmt(x: float | None, digits: int = 3) -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}g}"
 
 
+def alarm_text(alarms: list[Alarm]) -> str:
+    """``signal@iteration[->action(checkpoint)]`` per event; '-' for a run without the in-run alarm's events."""
+    return ", ".join(a.label() for a in alarms) or "-"
+
+
 def format_table(results: list[RunStability]) -> str:
     """A fixed-width text table, one line per run."""
-    header = ("run", "method", "env", "seed", "iters", "best@it", "final", "AUC", "collapse")
+    header = ("run", "method", "env", "seed", "iters", "best@it", "final", "AUC", "collapse", "in-run alarm")
     lines = [header]
     for r in results:
         collapse = ", ".join(f"{t.criterion}@{fmt(t.iteration, 6)}" for t in r.triggers) or "no"
         lines.append((r.run, r.method, r.env, fmt(r.seed), str(r.iterations),
                       f"{fmt(r.best_success)}@{fmt(r.best_iteration, 6)}", fmt(r.final_success),
-                      fmt(r.auc_success), collapse))
+                      fmt(r.auc_success), collapse, alarm_text(r.alarms)))
     widths = [max(len(row[i]) for row in lines) for i in range(len(header))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in lines)
 
@@ -264,6 +331,9 @@ def main(args: Args) -> int:
         for t in r.triggers:
             print(f"  {r.run}: {t.criterion} from iteration {fmt(t.iteration, 6)} "
                   f"(confirmed {fmt(t.confirmed, 6)}, value {fmt(t.value)}): {t.detail}")
+        for a in r.alarms:
+            onset = "" if a.onset is None else f", onset {fmt(a.onset, 6)}"
+            print(f"  {r.run}: in-run alarm {a.label()}{onset}{': ' + a.reason if a.reason else ''}")
         if r.unchecked:
             print(f"  {r.run}: not logged, not checked: {', '.join(r.unchecked)}")
     if args.json is not None:

@@ -7,7 +7,7 @@ import json
 import matplotlib.image as mpimg
 import numpy as np
 import pytest
-from test_eval_stability import synthetic_rows, write_run
+from test_eval_stability import monitored_rows, synthetic_rows, write_run
 
 from eval.report import Args, find_run_dirs, load_runs, main, results_table, seed_band
 from eval.stability import StabilityConfig
@@ -81,3 +81,19 @@ def test_seed_band_aligns_iterations_and_ignores_nonfinite():
                                 (np.array([1.0, 2, 3]), np.array([4.0, 6, 8]))])
     assert list(its) == [0, 1, 2, 3]
     assert mean == pytest.approx([1, 3, 6, 8]) and std == pytest.approx([0, 1, 0, 0])
+
+
+def test_report_shows_the_in_run_alarm_beside_the_post_hoc_verdict(tmp_path):
+    lines, monitor = monitored_rows("rollback")
+    run = write_run(tmp_path / "runs" / "GRPO__Sokoban-v0__s1", lines,
+                    config={"exp_name": "grpo", "env_id": "ARL/Sokoban-v0", "seed": 1})
+    (run / "summary.json").write_text(json.dumps(monitor.summary()))
+    out = tmp_path / "report"
+    assert main(Args([tmp_path / "runs"], out=out)) == 0
+    md = (out / "report.md").read_text()
+    assert "| in-run alarm |" in md and "grad_spike@31->rollback(20), grad_spike@51->rollback(40) |" in md
+    assert "- GRPO__Sokoban-v0__s1: grad_spike@51->rollback(40) (onset 50): actor/grad_norm" in md
+    assert "grad_explode@" in md  # the post-hoc column of the same row
+    assert "In-run alarm events:" in (out / "report.html").read_text()
+    stab = json.loads((out / "stability.json").read_text())[0]
+    assert [a["action"] for a in stab["alarms"]] == ["rollback", "rollback"]

@@ -11,8 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from arena_train.monitor import CollapseConfig, CollapseMonitor
 from eval.runlog import RunLog
-from eval.stability import Args, StabilityConfig, analyze_dir, first_sustained, main, running_median
+from eval.stability import Args, StabilityConfig, analyze_dir, first_sustained, format_table, main, running_median
 
 
 def synthetic_rows(n=80, collapse_at=None, seed=0, peak=0.8, nan_grad_at=None, format_drop_at=None):
@@ -132,3 +133,55 @@ def test_running_median_uses_only_the_past(vals, window):
     assert math.isnan(med[0])
     for i in range(1, len(vals)):
         assert med[i] == pytest.approx(float(np.median(vals[max(0, i - window):i])))
+
+
+def monitored_rows(on_collapse: str):
+    """synthetic_rows fed through the in-run alarm as a training script does: gradient norm x40 at iterations
+    30-32 and from 50 on (until a rollback acts), checkpoints every 10; -> (metrics lines, monitor)."""
+    monitor = CollapseMonitor(CollapseConfig(on_collapse=on_collapse))
+    lines, spiking = [], False
+    for row in synthetic_rows(n=80):
+        it = row["iteration"]
+        spiking = spiking or it == 50
+        if 30 <= it <= 32 or spiking:
+            row["actor/grad_norm"] *= 40
+        step = monitor.update(it, row)
+        lines.append({**row, **step.metrics})
+        if step.decision.action == "rollback":
+            monitor.restored(step.decision.checkpoint, it)
+            spiking = False
+        elif it % 10 == 0:
+            monitor.checkpointed(it)
+    return lines, monitor
+
+
+@pytest.mark.parametrize("on_collapse", ["warn", "rollback"])
+def test_in_run_alarms_from_summary_match_those_rebuilt_from_metrics(tmp_path, on_collapse):
+    lines, monitor = monitored_rows(on_collapse)
+    run = write_run(tmp_path / "run", lines)
+    rebuilt = analyze_dir(run).alarms
+    (run / "summary.json").write_text(json.dumps(monitor.summary()))
+    recorded = analyze_dir(run).alarms
+    assert [a.label() for a in rebuilt] == [a.label() for a in recorded]  # a stop/rollback names its checkpoint
+    assert all(a.reason == "" for a in rebuilt) and all("grad_norm" in a.reason for a in recorded)
+    labels = [a.label() for a in recorded]
+    if on_collapse == "warn":
+        assert labels == ["grad_spike@31", "grad_spike@51"]
+    else:  # the second stretch is rolled back at its confirmation, to the checkpoint before its onset
+        assert labels == ["grad_spike@31->rollback(20)", "grad_spike@51->rollback(40)"]
+        assert recorded[1].onset == 50
+    r = analyze_dir(run)
+    assert "grad_explode" in {t.criterion for t in r.triggers}  # the post-hoc verdict beside it
+    assert labels[0] in format_table([r]) and r.as_dict()["alarms"][0]["signal"] == "grad_spike"
+
+
+def test_runs_without_the_monitor_have_no_alarms(tmp_path, capsys):
+    run = write_run(tmp_path / "plain", synthetic_rows(n=20))
+    (run / "summary.json").write_text("{not json")
+    r = analyze_dir(run)
+    assert r.alarms == [] and format_table([r]).splitlines()[1].split()[-2:] == ["no", "-"]
+    lines, monitor = monitored_rows("warn")
+    watched = write_run(tmp_path / "watched", lines)
+    (watched / "summary.json").write_text(json.dumps(monitor.summary()))
+    assert main(Args([watched])) == 0
+    assert "watched: in-run alarm grad_spike@31, onset 30: actor/grad_norm" in capsys.readouterr().out
