@@ -17,4 +17,7 @@ so nothing imports a script.
 - ``threads``: the default CPU thread count
 - ``sharding``: FSDP2 / ZeRO-3 runs (rollout copy fed from shards, lockstep passes, gathered weights, reference)
 - ``memory``: the per-GPU memory plan behind ``--dry-run``
+- ``monitor``: the in-run collapse alarm (signals, ``--on-collapse`` warn/stop/rollback, restoring the last healthy
+  checkpoint)
+- ``rollout_is``: rollout/trainer mismatch statistics and TIS/MIS importance weights
 """
