@@ -259,6 +259,15 @@ class CollapseMonitor:
             track["recent"] = [p for p in track["recent"] if p[0] <= checkpoint]
         s["streaks"], s["active"], s["updates"] = {}, [], 0
 
+    def unrestorable(self, decision: Decision) -> None:
+        """No healthy checkpoint verified for ``decision``: the run stops on its current weights (a rollback
+        that could not happen is not counted)."""
+        if decision.action == "rollback":
+            self.state["rollbacks"] -= 1
+        where = "none" if decision.checkpoint is None else f"none at or before {decision.checkpoint}"
+        self.state["stopped"] = f"{decision.reason}; no verified healthy checkpoint ({where}), stopped on the " \
+                                f"current weights"
+
     @property
     def lr_scale(self) -> float:
         return self.config.rollback_lr_scale ** self.state["rollbacks"]
@@ -403,8 +412,9 @@ def restore_healthy(accelerator, run_dir: Path, monitor: CollapseMonitor, decisi
     the prepared objects (the monitor keeps its own, newer state), set the learning rate to ``learning_rate`` x
     ``decision.lr_scale``, save that state as checkpoint ``iteration`` and delete the checkpoints of the
     collapsed stretch, so the run's newest checkpoint is healthy and ``--resume`` continues from it with the
-    same decisions. Returns the folder restored, or None (nothing changed) when no healthy checkpoint verifies.
-    The caller pushes the restored weights to its rollout engine."""
+    same decisions. Returns the folder restored, or None when no healthy checkpoint verifies: the weights stay,
+    the monitor records the stop, and the caller ends the run (a rollback included). After a rollback the caller
+    pushes the restored weights to its rollout engine."""
     from arena_train.checkpoint import checkpoint_folders, newest_verified_checkpoint, save_checkpoint
 
     found: list = [None]
@@ -415,6 +425,7 @@ def restore_healthy(accelerator, run_dir: Path, monitor: CollapseMonitor, decisi
 
         broadcast_object_list(found)
     if found[0] is None:
+        monitor.unrestorable(decision)
         return None
     folder, healthy = found[0]
     kept = monitor.state_dict()

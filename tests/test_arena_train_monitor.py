@@ -11,7 +11,13 @@ import numpy as np
 import pytest
 import torch
 
-from arena_train.checkpoint import latest_checkpoint, resume_latest, save_checkpoint, verify_checkpoint
+from arena_train.checkpoint import (
+    latest_checkpoint,
+    newest_verified_checkpoint,
+    resume_latest,
+    save_checkpoint,
+    verify_checkpoint,
+)
 from arena_train.monitor import (
     CollapseConfig,
     CollapseMonitor,
@@ -310,10 +316,22 @@ def test_restore_healthy_rolls_back_durably(prepared, tmp_path):
     assert fresh.state_dict() == monitor.state_dict()
 
 
-def test_restore_healthy_without_a_healthy_checkpoint_changes_nothing(prepared, tmp_path):
+def test_restore_healthy_without_a_healthy_checkpoint_stops_on_the_current_weights(prepared, tmp_path):
     accelerator, model, optimizer, monitor = prepared
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    assert restore_healthy(accelerator, tmp_path, monitor, Decision("stop", None, 1.0, ""), 5) is None
-    assert restore_healthy(accelerator, tmp_path, monitor, Decision("stop", 3, 1.0, ""), 5) is None  # none on disk
+    assert restore_healthy(accelerator, tmp_path, monitor, Decision("stop", None, 1.0, "nan"), 5) is None
+    monitor.state["rollbacks"] = 1  # as update() counts a rollback decision
+    assert restore_healthy(accelerator, tmp_path, monitor, Decision("rollback", 3, 0.5, "nan"), 5) is None
+    assert monitor.state["rollbacks"] == 0 and "none at or before 3" in monitor.stopped
     for k, v in model.state_dict().items():
         torch.testing.assert_close(v, before[k])
+
+
+def test_newest_verified_checkpoint_skips_damaged_and_newer_ones(prepared, tmp_path):
+    accelerator, model, optimizer, _ = prepared
+    for it in (10, 20, 30):
+        save_checkpoint(accelerator, tmp_path, it, keep=3)
+    assert newest_verified_checkpoint(tmp_path)[1] == 30 and newest_verified_checkpoint(tmp_path, 29)[1] == 20
+    damaged = next(p for p in (tmp_path / "checkpoints" / "iter_000020").iterdir() if p.name != "manifest.json")
+    damaged.write_bytes(damaged.read_bytes()[:-1])
+    assert newest_verified_checkpoint(tmp_path, 25)[1] == 10 and newest_verified_checkpoint(tmp_path, 9) is None
