@@ -118,6 +118,41 @@ PROGRAMS = [
      "print('ESCAPED' if libc.ptrace(16, os.getppid(), 0, 0) == 0 else 'no')", None),
     ("server_introspection", "signal_other_nobody_process", "import os\nos.kill({victim}, 9)\nprint('ESCAPED')",
      "error"),
+    # round three: host processes, IPC, other socket families, inotify, deep trees
+    ("host_processes", "prlimit_victim", LIBC + "lim = (ctypes.c_ulong * 2)(0, 0)\n"
+     "print('ESCAPED' if libc.prlimit({victim}, 0, lim, None) == 0 else 'no')", None),
+    ("host_processes", "prlimit_zygote", LIBC + "lim = (ctypes.c_ulong * 2)(1, 1)\n"
+     "print('ESCAPED' if libc.prlimit(1, 7, lim, None) == 0 else 'no')", None),
+    ("host_processes", "renice_victim", LIBC + "print('ESCAPED' if libc.setpriority(0, {victim}, 19) == 0 else 'no')",
+     None),
+    ("host_processes", "renice_own_uid", LIBC + "print('ESCAPED' if libc.setpriority(2, 0, 19) == 0 else 'no')", None),
+    ("host_processes", "pin_victim", LIBC + "mask = ctypes.c_ulong(1)\n"
+     "print('ESCAPED' if libc.sched_setaffinity({victim}, 8, ctypes.byref(mask)) == 0 else 'no')", None),
+    ("host_processes", "idle_victim", LIBC + "param = ctypes.c_int(0)\n"
+     "print('ESCAPED' if libc.sched_setscheduler({victim}, 5, ctypes.byref(param)) == 0 else 'no')", None),
+    ("host_processes", "ioprio_victim",
+     LIBC + "print('ESCAPED' if libc.syscall(251, 1, {victim}, 7 << 13) == 0 else 'no')", None),
+    ("host_processes", "capget_host", LIBC + "hdr = (ctypes.c_uint32 * 2)(0x20080522, {host_pid})\n"
+     "data = (ctypes.c_uint32 * 6)()\nprint('ESCAPED' if libc.capget(hdr, data) == 0 else 'no')", None),
+    ("host_processes", "session_of_host", LIBC + "print('ESCAPED' if libc.getsid({host_pid}) >= 0 else 'no')", None),
+    ("host_processes", "probe_victim", LIBC + "print('ESCAPED' if libc.kill({victim}, 0) == 0 else 'no')", None),
+    ("host_processes", "signal_init", LIBC + "libc.kill(1, 9)\nlibc.kill(-1, 9)\nprint('still here')", None),
+    ("host_processes", "change_ids", LIBC + "print('ESCAPED' if libc.setresuid(0, 0, 0) == 0 else 'no')", None),
+    ("ipc", "sysv_shm_create", LIBC + "ids = [libc.shmget(0, 4 << 20, 0o1666) for _ in range(24)]\n"
+     "print('ESCAPED' if max(ids) >= 0 else 'no')", None),
+    ("ipc", "sysv_host_segment", LIBC + "print('ESCAPED' if libc.shmget({shm_key}, 0, 0) >= 0 else 'no')", None),
+    ("ipc", "sysv_msg_queue", LIBC + "print('ESCAPED' if libc.msgget(0x5EED, 0o1666) >= 0 else 'no')", None),
+    ("ipc", "sysv_semaphore", LIBC + "print('ESCAPED' if libc.semget(0x5EED, 1, 0o1666) >= 0 else 'no')", None),
+    ("ipc", "posix_mqueue", LIBC + "print('ESCAPED' if libc.syscall(240, b'arl-mq', 0o102, 0o600, None) >= 0 "
+     "else 'no')", None),
+    ("network_sockets", "udp_to_host_loopback", "import socket\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+     "s.sendto(b'x', ('127.0.0.1', {udp_port}))\nprint('ESCAPED')", "error"),
+    ("network_sockets", "netlink_sock_diag", "import socket\nsocket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 4)\n"
+     "print('ESCAPED')", "error"),
+    ("network_sockets", "vsock", "import socket\nsocket.socket(40, socket.SOCK_STREAM)\nprint('ESCAPED')", "error"),
+    ("files", "inotify_host_files", LIBC + "print('ESCAPED' if libc.inotify_init() >= 0 else 'no')", None),
+    ("files", "deep_rename_chain", "import os\nos.mkdir('a')\nfor _ in range(2500):\n    os.mkdir('b')\n"
+     "    os.rename('a', 'b/a')\n    os.rename('b', 'a')\nprint('deep')", None),
     ("reward_hacking", "read_dataset", "print(open('{dataset}').read())", "error"),
     ("reward_hacking", "read_project_source", "print('ESCAPED', open('{project_file}').read()[:10])", "error"),
 ]
@@ -136,17 +171,69 @@ def _snapshot(root: Path) -> dict:
     return out
 
 
-def _netns_processes(netns: str, server: int) -> list[int]:
-    """Processes (other than the server) in the server's network namespace: the program's leftovers."""
-    found = []
+def _children(pid: int) -> list[int]:
+    kids = []
     for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) != server:
+        if entry.isdigit():
             try:
-                if os.readlink(f"/proc/{entry}/ns/net") == netns:
-                    found.append(int(entry))
+                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
             except OSError:
                 continue
-    return found
+            if int(fields[1]) == pid:
+                kids.append(int(entry))
+    return kids
+
+
+def _leftovers(server: int, zygote: int | None, netns: str) -> list[int]:
+    """Processes of a finished call: descendants of the server, or members of its network namespace
+    (when it has its own), other than the server and its zygote."""
+    found, todo = set(), [server]
+    while todo:
+        kids = _children(todo.pop())
+        found.update(kids)
+        todo += kids
+    if netns != os.readlink("/proc/self/ns/net"):
+        for entry in os.listdir("/proc"):
+            try:
+                if entry.isdigit() and os.readlink(f"/proc/{entry}/ns/net") == netns:
+                    found.add(int(entry))
+            except OSError:
+                continue
+    return sorted(found - {server, zygote})
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _process_state(pid: int) -> tuple:
+    """What another process could change about ``pid``: limits, nice value, policy, affinity."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return Path(f"/proc/{pid}/limits").read_text(), fields[16], fields[38], sorted(os.sched_getaffinity(pid))
+
+
+def _ipc_state() -> tuple:
+    return tuple(Path(f"/proc/sysvipc/{kind}").read_text() for kind in ("shm", "msg", "sem"))
+
+
+def _host_shm_segment() -> tuple[int, int]:
+    """A 0666 SysV segment on the host (key, id): no program may reach it."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    key = 0x4152_0000 | (os.getpid() & 0xFFFF)
+    shmid = libc.shmget(key, 4096, 0o1666)
+    assert shmid >= 0, os.strerror(ctypes.get_errno())
+    return key, shmid
+
+
+def _remove_shm(shmid: int) -> None:
+    import ctypes
+
+    ctypes.CDLL(None).shmctl(shmid, 0, None)  # IPC_RMID
 
 
 def _start(hosttmp: Path, timeout: float, **kwargs) -> Sandbox:
@@ -184,14 +271,20 @@ def host(tmp_path_factory):
     tcp = socket.socket()
     tcp.bind(("127.0.0.1", 0))
     tcp.listen(4)
+    udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    udp.bind(("127.0.0.1", 0))
+    shm_key, shmid = _host_shm_segment()
     victim = subprocess.Popen(["sleep", "600"], user=65534 if os.geteuid() == 0 else None)
     box = _start(hosttmp, timeout=TIMEOUT)
     fields = {"outside": outside, "secret": outside / "secret.txt", "dataset": outside / "data.jsonl",
               "hosttmp": hosttmp, "unix_path": sockdir / "s", "abstract": abstract, "port": tcp.getsockname()[1],
-              "victim": victim.pid, "project_file": Path(__file__).resolve()}
-    yield {"box": box, "fields": fields, "listeners": (unix, abstract_sock, tcp), "victim": victim,
+              "victim": victim.pid, "project_file": Path(__file__).resolve(), "host_pid": os.getpid(),
+              "udp_port": udp.getsockname()[1], "shm_key": shm_key}
+    yield {"box": box, "fields": fields, "listeners": (unix, abstract_sock, tcp, udp), "victim": victim,
            "watched": (outside, hosttmp, sockdir)}
     box.close()
+    _remove_shm(shmid)
+    udp.close()
     victim.kill()
     victim.wait()
     for s in (unix, abstract_sock, tcp):
@@ -201,22 +294,39 @@ def host(tmp_path_factory):
     sockdir.rmdir()
 
 
-def _host_state(host) -> dict:
+def _host_state(host, box: Sandbox) -> dict:
     state = {}
     for root in host["watched"]:
         state.update(_snapshot(root))
+    state["ipc"] = _ipc_state()
+    for pid in (host["victim"].pid, os.getpid(), box.server_pid, box.zygote_pid):
+        state[f"process {pid}"] = _process_state(pid)
+    state["server fds"] = sorted(os.listdir(f"/proc/{box.server_pid}/fd"))
     return state
 
 
-def _check_host_unchanged(host, box: Sandbox, before: dict, server: int, netns: str) -> None:
-    assert _host_state(host) == before, "a file or mode outside the work area changed"
-    for s in host["listeners"]:
-        assert not select.select([s], [], [], 0)[0], "a connection reached a host socket"
-    assert host["victim"].poll() is None, "another process of the host was signalled"
-    deadline = time.monotonic() + 5
-    while _netns_processes(netns, server) and time.monotonic() < deadline:
+def _wait_removed(hosttmp: Path) -> list[Path]:
+    """What is left in the server's temp base once its janitor is done (fallback levels remove a run's
+    directory after the reply; a deep tree takes seconds on slow file systems)."""
+    deadline = time.monotonic() + 60
+    while list(hosttmp.iterdir()) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert _netns_processes(netns, server) == [], "a process of the program is still running"
+    return list(hosttmp.iterdir())
+
+
+def _check_host_unchanged(host, box: Sandbox, before: dict, server: int, netns: str) -> None:
+    zygote = box.zygote_pid
+    _wait_removed(host["fields"]["hosttmp"])
+    deadline = time.monotonic() + 5
+    while _leftovers(server, zygote, netns) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _leftovers(server, zygote, netns) == [], "a process of the program is still running"
+    after = _host_state(host, box)
+    for key in before:
+        assert after[key] == before[key], f"{key} changed"
+    for s in host["listeners"]:
+        assert not select.select([s], [], [], 0)[0], "a connection or datagram reached a host socket"
+    assert host["victim"].poll() is None, "another process of the host was signalled"
     assert box.server_pid == server and os.path.exists(f"/proc/{server}")
     assert box.run("print('alive')").stdout == "alive\n"  # the next call answers
 
@@ -247,7 +357,7 @@ def landlock_box(host):
 def test_hostile_program_at_landlock_level(host, landlock_box, category, name, program, status):
     """The fallback without a mount namespace, guard switched off: the same host invariants hold."""
     _attack(host, landlock_box, "unguarded", program, None)
-    assert list(host["fields"]["hosttmp"].iterdir()) == []  # the run's directory is gone, whatever it did
+    assert _wait_removed(host["fields"]["hosttmp"]) == []  # the run's directories are gone, whatever it did
 
 
 def _attack(host, box: Sandbox, guard: str, program: str, status: str | None) -> None:
@@ -255,7 +365,7 @@ def _attack(host, box: Sandbox, guard: str, program: str, status: str | None) ->
     server = box.server_pid
     netns = os.readlink(f"/proc/{server}/ns/net")
     code = (DISABLE_GUARD if guard == "unguarded" else "") + program.format(**fields)
-    before = _host_state(host)
+    before = _host_state(host, box)
     start = time.monotonic()
     result = box.run(code)
     assert time.monotonic() - start <= TIMEOUT + box.margin
@@ -277,29 +387,37 @@ def test_control_characters_never_reach_output(host):
     assert result.stdout == "a[2Jbc\td\n\ufffd"
 
 
-def test_children_die_with_a_killed_server(host):
-    """The program clears its parent-death signal (or tries to), then the server is SIGKILLed mid-run."""
-    box = _start(host["fields"]["hosttmp"], timeout=20)
+@pytest.mark.parametrize("level", ["namespace", "landlock"])
+def test_children_die_with_a_killed_server(host, level):
+    """The program tries to clear its parent-death signal and change its ids, then the server is SIGKILLed
+    mid-run: the zygote and every child die with it."""
+    box = _start(host["fields"]["hosttmp"], timeout=20, max_boundary=level)
     try:
-        server = box.server_pid
+        if box.boundary != level:
+            pytest.skip(f"{level} level unavailable here: {box.layers['fallback']}")
+        server, zygote = box.server_pid, box.zygote_pid
         netns = os.readlink(f"/proc/{server}/ns/net")
-        code = DISABLE_GUARD + LIBC + "libc.prctl(1, 0, 0, 0, 0)\nimport time\ntime.sleep(60)"
-        def kill_once_running():  # the program is running once the server's namespace holds a second process
+        code = DISABLE_GUARD + LIBC + "libc.prctl(1, 0, 0, 0, 0)\nlibc.setresuid(0, 0, 0)\nimport time\ntime.sleep(60)"
+
+        running = [zygote]
+
+        def kill_once_running():  # the program is running once the server has a descendant besides the zygote
             deadline = time.monotonic() + 10
-            while not _netns_processes(netns, server) and time.monotonic() < deadline:
+            while not _leftovers(server, zygote, netns) and time.monotonic() < deadline:
                 time.sleep(0.01)
-            time.sleep(0.3)  # let it clear its parent-death signal first
+            time.sleep(0.3)  # let it try first
+            running.extend(_leftovers(server, zygote, netns))
             os.kill(server, signal.SIGKILL)
 
         killer = threading.Thread(target=kill_once_running)
         killer.start()
         result = box.run(code)
         killer.join()
-        assert result.status == "sandbox_error"
+        assert result.status == "sandbox_error" and len(running) > 1
         deadline = time.monotonic() + 5
-        while _netns_processes(netns, server) and time.monotonic() < deadline:
+        while any(_alive(p) for p in running) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert _netns_processes(netns, server) == []
+        assert not any(_alive(p) for p in running), "the zygote or the program outlived the server"
         assert box.run("print(3)").stdout == "3\n"
     finally:
         box.close()

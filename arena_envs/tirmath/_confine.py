@@ -10,7 +10,9 @@ Everything here is a raw syscall wrapper, so the server needs no extra package:
   unmount -- clean-up never walks a path the program could have changed.
 * ``drop_privileges``: empty bounding/ambient/effective sets, uid drop, ``no_new_privs``.
 * ``Landlock``: file, TCP and signal/abstract-socket scoping for what namespaces leave.
-* ``seccomp_filter``: no new processes, no exec, no namespace/mount/ptrace/bpf/io_uring.
+* ``seccomp_filter``: deny by default -- an allow-list of the calls a Python program needs, with
+  the process-targeting ones limited to the caller and sockets to ``AF_UNIX``.
+* ``enter_process_namespaces``: fresh PID and IPC namespaces for the processes forked next.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ _LIBC.syscall.restype = ctypes.c_long
 _LIBC.mount.argtypes = (ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p)
 _LIBC.umount2.argtypes = (ctypes.c_char_p, ctypes.c_int)
 
-CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWNET = 0x00020000, 0x10000000, 0x40000000
+CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = (
+    0x00020000, 0x08000000, 0x10000000, 0x20000000, 0x40000000)
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = (
     1, 2, 4, 8, 32, 4096, 16384, 1 << 18)
 MNT_DETACH = 2
@@ -55,6 +58,12 @@ def is_x86_64() -> bool:
 # --- namespaces and the jail ---------------------------------------------------------
 def unshare(flags: int) -> None:
     _check(_LIBC.unshare(flags), "unshare")
+
+
+def enter_process_namespaces() -> None:
+    """Fresh PID and IPC namespaces: the next child forked is their init (pid 1), every later one
+    lives inside; no host process has a pid there, and SysV/POSIX IPC objects stay inside."""
+    unshare(CLONE_NEWPID | CLONE_NEWIPC)
 
 
 def map_user_namespace(uid: int, gid: int) -> None:
@@ -204,24 +213,57 @@ def landlock_restrict(abi: int, read: list[str], write: list[str], write_files: 
         os.close(ruleset)
 
 
-# --- seccomp -------------------------------------------------------------------------
-_X86_64_DENY = {  # name: x86_64 number; each returns EPERM
-    "fork": 57, "vfork": 58, "execve": 59, "execveat": 322, "ptrace": 101, "process_vm_readv": 310,
-    "process_vm_writev": 311, "pidfd_getfd": 438, "kcmp": 312, "mount": 165, "umount2": 166, "pivot_root": 155,
-    "chroot": 161, "unshare": 272, "setns": 308, "open_tree": 428, "move_mount": 429, "fsopen": 430,
-    "fsconfig": 431, "fsmount": 432, "fspick": 433, "mount_setattr": 442, "bpf": 321, "perf_event_open": 298,
-    "userfaultfd": 323, "keyctl": 250, "add_key": 248, "request_key": 249, "io_uring_setup": 425,
-    "io_uring_enter": 426, "io_uring_register": 427, "open_by_handle_at": 304, "name_to_handle_at": 303,
-    "kexec_load": 246, "kexec_file_load": 320, "init_module": 175, "finit_module": 313, "delete_module": 176,
-    "reboot": 169, "swapon": 167, "swapoff": 168, "acct": 163, "iopl": 172, "ioperm": 173, "syslog": 103,
-    "quotactl": 179, "personality": 135, "vhangup": 153}
-_CLONE, _CLONE3, _PRCTL, _CLONE_THREAD = 56, 435, 157, 0x00010000
+# --- seccomp ---------------------------------------------------------------------
+#: Deny by default: a program may make only these calls (x86_64 numbers). Everything else -- new
+#: processes, exec, namespaces, mounts, ptrace, SysV and POSIX message-queue IPC, inotify/fanotify,
+#: memfd, uid changes, capget, calls that act on another process (priority, affinity, scheduler,
+#: io priority), bpf, io_uring, keyrings -- answers EPERM (``clone3``: ENOSYS, so libc falls back to ``clone``).
+_ALLOW = {
+    "read": 0, "write": 1, "open": 2, "close": 3, "stat": 4, "fstat": 5, "lstat": 6, "poll": 7, "lseek": 8,
+    "mmap": 9, "mprotect": 10, "munmap": 11, "brk": 12, "rt_sigaction": 13, "rt_sigprocmask": 14,
+    "rt_sigreturn": 15, "ioctl": 16, "pread64": 17, "pwrite64": 18, "readv": 19, "writev": 20, "access": 21,
+    "pipe": 22, "select": 23, "sched_yield": 24, "mremap": 25, "msync": 26, "mincore": 27, "madvise": 28, "dup": 32,
+    "dup2": 33, "pause": 34, "nanosleep": 35, "getitimer": 36, "alarm": 37, "setitimer": 38, "getpid": 39,
+    "sendfile": 40, "connect": 42, "accept": 43, "sendto": 44, "recvfrom": 45, "sendmsg": 46, "recvmsg": 47,
+    "shutdown": 48, "bind": 49, "listen": 50, "getsockname": 51, "getpeername": 52, "socketpair": 53,
+    "setsockopt": 54, "getsockopt": 55, "exit": 60, "wait4": 61, "uname": 63, "fcntl": 72, "flock": 73,
+    "fsync": 74, "fdatasync": 75, "truncate": 76, "ftruncate": 77, "getdents": 78, "getcwd": 79, "chdir": 80,
+    "fchdir": 81, "rename": 82, "mkdir": 83, "rmdir": 84, "creat": 85, "link": 86, "unlink": 87, "symlink": 88,
+    "readlink": 89, "chmod": 90, "fchmod": 91, "chown": 92, "fchown": 93, "lchown": 94, "umask": 95,
+    "gettimeofday": 96, "getrlimit": 97, "getrusage": 98, "sysinfo": 99, "times": 100, "getuid": 102, "getgid": 104,
+    "geteuid": 107, "getegid": 108, "getppid": 110, "getpgrp": 111, "getgroups": 115, "getresuid": 118,
+    "getresgid": 120, "rt_sigpending": 127, "rt_sigtimedwait": 128, "rt_sigsuspend": 130, "sigaltstack": 131,
+    "utime": 132, "statfs": 137, "fstatfs": 138, "sched_get_priority_max": 146, "sched_get_priority_min": 147,
+    "arch_prctl": 158, "setrlimit": 160, "gettid": 186, "readahead": 187, "getxattr": 191, "lgetxattr": 192,
+    "fgetxattr": 193, "listxattr": 194, "llistxattr": 195, "flistxattr": 196, "time": 201, "futex": 202,
+    "epoll_create": 213, "getdents64": 217, "set_tid_address": 218, "restart_syscall": 219, "fadvise64": 221,
+    "timer_create": 222, "timer_settime": 223, "timer_gettime": 224, "timer_getoverrun": 225, "timer_delete": 226,
+    "clock_gettime": 228, "clock_getres": 229, "clock_nanosleep": 230, "exit_group": 231, "epoll_wait": 232,
+    "epoll_ctl": 233, "utimes": 235, "mbind": 237, "set_mempolicy": 238, "get_mempolicy": 239, "waitid": 247,
+    "openat": 257, "mkdirat": 258, "fchownat": 260, "futimesat": 261, "newfstatat": 262, "unlinkat": 263,
+    "renameat": 264, "linkat": 265, "symlinkat": 266, "readlinkat": 267, "fchmodat": 268, "faccessat": 269,
+    "pselect6": 270, "ppoll": 271, "set_robust_list": 273, "splice": 275, "tee": 276, "sync_file_range": 277,
+    "vmsplice": 278, "utimensat": 280, "epoll_pwait": 281, "signalfd": 282, "timerfd_create": 283, "eventfd": 284,
+    "fallocate": 285, "timerfd_settime": 286, "timerfd_gettime": 287, "accept4": 288, "signalfd4": 289,
+    "eventfd2": 290, "epoll_create1": 291, "dup3": 292, "pipe2": 293, "preadv": 295, "pwritev": 296,
+    "recvmmsg": 299, "sendmmsg": 307, "getcpu": 309, "renameat2": 316, "seccomp": 317, "getrandom": 318,
+    "membarrier": 324, "copy_file_range": 326, "preadv2": 327, "pwritev2": 328, "pkey_mprotect": 329,
+    "pkey_alloc": 330, "pkey_free": 331, "statx": 332, "rseq": 334, "close_range": 436, "openat2": 437,
+    "faccessat2": 439, "epoll_pwait2": 441, "landlock_create_ruleset": 444, "landlock_add_rule": 445,
+    "landlock_restrict_self": 446, "futex_waitv": 449, "fchmodat2": 452, "futex_wake": 454, "futex_wait": 455,
+    "futex_requeue": 456}
+#: calls allowed only on the caller itself (first argument 0): limits, affinity, process group, session
+_SELF_ZERO = {"getpgid": 121, "getsid": 124, "sched_getaffinity": 204, "prlimit64": 302}
+#: signal calls allowed only towards the caller's own pid (first argument)
+_SELF_PID = {"kill": 62, "tkill": 200, "tgkill": 234, "rt_sigqueueinfo": 129, "rt_tgsigqueueinfo": 297}
+_SOCKET, _CLONE, _CLONE3, _PRCTL, _CLONE_THREAD, _AF_UNIX = 41, 56, 435, 157, 0x00010000, 1
 #: prctl options that would undo a layer: parent-death signal (outlive the server), dumpable,
 #: PR_SET_MM, PR_SET_PTRACER
 _PRCTL_DENY = (PR_SET_PDEATHSIG, PR_SET_DUMPABLE, 35, 0x59616D61)
 _AUDIT_ARCH_X86_64 = 0xC000003E
 _RET_ALLOW, _RET_KILL, _RET_ERRNO = 0x7FFF0000, 0x80000000, 0x00050000
-_LD, _JEQ, _JGE, _JSET, _RET = 0x20, 0x15, 0x35, 0x45, 0x06
+_LD, _JA, _JEQ, _JGE, _JSET, _RET = 0x20, 0x05, 0x15, 0x35, 0x45, 0x06
+_BLOCK = 200  # allowed numbers per block: classic BPF conditional jumps reach 255 instructions at most
 
 
 def _assemble(prog: list[tuple]) -> bytes:
@@ -235,29 +277,43 @@ def _assemble(prog: list[tuple]) -> bytes:
     code = []
     for i, (op, jt, jf, k) in enumerate(out):
         jt, jf = ((where[j] - i - 1) if isinstance(j, str) else j for j in (jt, jf))
+        if not (0 <= jt < 256 and 0 <= jf < 256):
+            raise ValueError(f"BPF jump out of range at instruction {i}")
         code.append(struct.pack("=HBBI", op, jt, jf, k))
     return b"".join(code)
 
 
-def seccomp_filter() -> bytes | None:
-    """The BPF program (x86_64 only; ``None`` elsewhere): no new processes, no exec, no way back.
+def seccomp_filter(self_pid: int) -> bytes | None:
+    """The BPF program (x86_64 only; ``None`` elsewhere) for a process whose pid is ``self_pid``.
 
-    ``clone`` is allowed only with ``CLONE_THREAD``; ``clone3`` answers ENOSYS so that libc
-    falls back to ``clone`` (whose flags a classic BPF filter can inspect).
+    ``clone`` is allowed only with ``CLONE_THREAD``; ``clone3`` answers ENOSYS so that libc falls
+    back to ``clone`` (whose flags a classic BPF filter can inspect). ``socket`` only for
+    ``AF_UNIX``: no IP (TCP or UDP, loopback included), netlink (``sock_diag``), packet or vsock.
     """
     if not is_x86_64():
         return None
     prog = [(_LD, 0, 0, 4), (_JEQ, 1, 0, _AUDIT_ARCH_X86_64), (_RET, 0, 0, _RET_KILL), (_LD, 0, 0, 0),
-            (_JGE, "eperm", 0, 0x40000000)]  # x32 ABI numbers: denied
-    prog += [(_JEQ, "eperm", 0, nr) for nr in sorted(_X86_64_DENY.values())]
-    prog += [(_JEQ, "clone", 0, _CLONE), (_JEQ, "enosys", 0, _CLONE3), (_JEQ, "prctl", 0, _PRCTL),
-             (_RET, 0, 0, _RET_ALLOW),
+            (_JGE, "deny", 0, 0x40000000)]  # x32 ABI numbers: denied
+    allowed = sorted(_ALLOW.values())
+    for b in range(0, len(allowed), _BLOCK):
+        block = allowed[b:b + _BLOCK]
+        prog += [(_JEQ, f"allow{b}", 0, nr) for nr in block]
+        prog += [(_JA, 0, 0, 1), ("label", f"allow{b}"), (_RET, 0, 0, _RET_ALLOW)]
+    prog += [(_JEQ, "socket", 0, _SOCKET), (_JEQ, "clone", 0, _CLONE), (_JEQ, "prctl", 0, _PRCTL),
+             (_JEQ, "enosys", 0, _CLONE3)]
+    prog += [(_JEQ, "zero", 0, nr) for nr in sorted(_SELF_ZERO.values())]
+    prog += [(_JEQ, "self", 0, nr) for nr in sorted(_SELF_PID.values())]
+    prog += [("label", "deny"), (_RET, 0, 0, _RET_ERRNO | errno.EPERM),
+             ("label", "enosys"), (_RET, 0, 0, _RET_ERRNO | errno.ENOSYS),
+             ("label", "socket"), (_LD, 0, 0, 16), (_JEQ, "allow", "eafnosupport", _AF_UNIX),
              ("label", "clone"), (_LD, 0, 0, 16), (_JSET, "allow", "eperm", _CLONE_THREAD),
+             ("label", "zero"), (_LD, 0, 0, 16), (_JEQ, "allow", "eperm", 0),
+             ("label", "self"), (_LD, 0, 0, 16), (_JEQ, "allow", "eperm", self_pid & 0xFFFFFFFF),
              ("label", "prctl"), (_LD, 0, 0, 16)]
     prog += [(_JEQ, "eperm", 0, opt) for opt in _PRCTL_DENY]
     prog += [("label", "allow"), (_RET, 0, 0, _RET_ALLOW),  # classic BPF jumps only forward: exits last
              ("label", "eperm"), (_RET, 0, 0, _RET_ERRNO | errno.EPERM),
-             ("label", "enosys"), (_RET, 0, 0, _RET_ERRNO | errno.ENOSYS)]
+             ("label", "eafnosupport"), (_RET, 0, 0, _RET_ERRNO | errno.EAFNOSUPPORT)]
     return _assemble(prog)
 
 

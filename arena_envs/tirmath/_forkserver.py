@@ -2,8 +2,10 @@
 
 Why a separate process: forking the training process (torch threads, GBs of RSS) per
 call is slow and unsafe, and a cold ``python -c`` pays the ~0.6 s sympy import each
-time. This server imports sympy/math-verify once, then forks one confined child per
-request. It is started with a scrubbed environment, so children inherit no secrets.
+time. This server imports sympy/math-verify once, confines itself, forks the *zygote*
+(``_zygote.py``: a pristine copy that never handles a request body or a reply) and then,
+per request, has the zygote fork one confined child. It is started with a scrubbed
+environment, so children inherit no secrets.
 
 Protocol on stdin/stdout: 4-byte big-endian length + UTF-8 JSON, one reply per request.
 The first message is a handshake naming the boundary in force (``layers["boundary"]``).
@@ -12,11 +14,13 @@ Boundary levels (the best one the kernel allows, capped by ``LEVEL``; see docs/s
 
 * ``namespace``: after the imports the server itself moves into an empty network namespace
   and a private mount namespace whose root holds only read-only views of the Python
-  installation, site-packages and system libraries; each run gets a fresh tmpfs working
-  directory that is unmounted afterwards. Children then drop every capability, become
-  ``nobody``, set ``no_new_privs`` and enter Landlock and seccomp (below).
-* ``landlock``: no mount namespace (not root and no user namespaces): Landlock limits file
-  access to the read roots and a private directory, seccomp forbids new processes.
+  installation, site-packages and system libraries, then makes PID and IPC namespaces whose
+  init is the zygote; each run gets a fresh tmpfs working directory that is unmounted
+  afterwards. Children then drop every capability, become ``nobody``, set ``no_new_privs``
+  and enter Landlock and a deny-by-default seccomp filter.
+* ``landlock``: no namespaces: Landlock limits file access to the read roots and a private
+  directory, the same seccomp filter forbids new processes, IPC, sockets other than
+  ``AF_UNIX`` and calls on other processes.
 * ``none``: rlimits and the Python audit hook only -- attribution, not containment.
 
 The Python audit hook runs on every level but only to *name* a violation in the
@@ -26,45 +30,43 @@ observation; it is never relied on (user code can switch it off).
 from __future__ import annotations
 
 import importlib.util
-import io
 import json
 import logging
-import math
 import os
 import pathlib
-import resource
+import queue
 import select
 import signal
-import stat
+import socket
 import struct
 import sys
 import sysconfig
 import tempfile
+import threading
 import time
-import traceback
 
-_spec = importlib.util.spec_from_file_location("_tirsb_confine", pathlib.Path(__file__).with_name("_confine.py"))
-confine = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(confine)
+
+def _sibling(name: str):
+    """Load a sibling module by path (the server runs as a script under ``-I``, not as a package)."""
+    spec = importlib.util.spec_from_file_location(f"_tirsb_{name}", pathlib.Path(__file__).with_name(f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+confine = _sibling("_confine")
+zygote = _sibling("_zygote")
 
 PRELOAD = ("sympy", "numpy", "math_verify", "fractions", "decimal", "itertools", "functools",
            "collections", "cmath", "random", "statistics", "heapq", "bisect", "json", "pprint")
 LEVELS = ("namespace", "landlock", "none")
-NOBODY = 65534
+NOBODY = zygote.NOBODY
 JAIL_WORKDIR = "/sandbox"
 SYSTEM_DIRS = ("/usr", "/lib", "/lib64", "/lib32")  # shared libraries for lazily loaded extensions
 SYSTEM_FILES = ("/etc/ld.so.cache",)
 DEVICES = ("/dev/null", "/dev/zero", "/dev/urandom", "/dev/random")
-#: modules user code may not import (re-import is blocked by the audit hook too)
-BLOCKED_MODULES = ("ctypes", "_ctypes", "_posixsubprocess", "socket", "_socket", "multiprocessing",
-                   "_multiprocessing", "pty", "resource", "mmap", "fcntl")
-_FORBIDDEN_EVENTS = ("subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn",
-                     "os.fork", "os.forkpty", "os.kill", "os.killpg", "signal.pthread_kill",
-                     "os.setuid", "os.setgid", "sys.remote_exec", "os.startfile", "pty.spawn",
-                     "winreg.", "mmap.__new__", "resource.setrlimit", "resource.prlimit")
-_WRITE_EVENTS = ("os.remove", "os.rmdir", "os.mkdir", "os.chmod", "os.chown", "os.truncate",
-                 "os.utime", "os.chflags", "os.lchflags", "os.setxattr", "os.removexattr",
-                 "shutil.rmtree", "shutil.chown", "os.chdir")
+#: how long the server waits for the zygote's status after killing a call
+KILL_GRACE = 5.0
 
 
 # --- framing ------------------------------------------------------------------------
@@ -106,7 +108,10 @@ class Plan:
         self.base_fd: int | None = None
         self.read_roots: list[str] = []  # what the Python hook and Landlock let children read
         self.landlock_abi = 0
-        self.seccomp: bytes | None = None
+        self.landlock_read: list[str] = []  # Landlock's read-only roots
+        self.seccomp = False
+        self.pidns = False  # the zygote is the init of fresh PID and IPC namespaces
+        self.janitor: queue.SimpleQueue[str] = queue.SimpleQueue()  # fallback levels: directories to remove
         self.last_cap = 40
         self.layers: dict = {}
 
@@ -204,228 +209,117 @@ def _enter_jail(plan: Plan, roots: list[str]) -> str | None:
 def _plan(base_tmp: str, max_level: str, roots: list[str]) -> Plan:
     plan = Plan(base_tmp)
     plan.layers = {"boundary": "none", "fallback": None, "netns": None, "netns_error": None, "mountns": None,
-                   "uid_drop": None, "landlock": None, "seccomp": None}
+                   "pidns": None, "uid_drop": None, "landlock": None, "seccomp": None}
     plan.read_roots = roots
     plan.drop_privileges = max_level != "none"
     plan.landlock_abi = confine.landlock_abi() if max_level != "none" else 0
-    plan.seccomp = confine.seccomp_filter() if max_level != "none" else None
+    plan.seccomp = max_level != "none" and confine.is_x86_64()
     try:
         plan.last_cap = int(pathlib.Path("/proc/sys/kernel/cap_last_cap").read_text())
     except (OSError, ValueError):
         pass
     reasons = []
-    why = _enter_network_namespace(plan) if max_level != "none" else f"capped at {max_level!r}"
-    if why is None and max_level == "namespace":
-        why = _enter_jail(plan, roots)
+    if max_level == "namespace":
+        why = _enter_network_namespace(plan) or _enter_jail(plan, roots)
         if why is None:
             plan.level = "namespace"
-    elif why is None:
-        why = f"capped at {max_level!r}"
-    if why is not None:
-        reasons.append(why)
+        else:
+            reasons.append(why)
+    else:
+        reasons.append(f"capped at {max_level!r}")
     if plan.level != "namespace":
         if os.geteuid() == 0 and max_level != "none" and _nobody_can_read(roots):
             plan.uid = NOBODY
             plan.layers["uid_drop"] = "nobody"
-        if plan.landlock_abi and plan.seccomp is not None:
+        if plan.landlock_abi and plan.seccomp:
             plan.level = "landlock"
-        else:
+        elif max_level != "none":
             reasons.append("no Landlock" if not plan.landlock_abi else "no seccomp filter for this architecture")
         plan.base_fd = os.open(base_tmp, os.O_RDONLY | os.O_DIRECTORY)
+    plan.landlock_read = ["/"] if plan.level == "namespace" else plan.read_roots + [
+        p for p in SYSTEM_DIRS + SYSTEM_FILES + DEVICES if os.path.exists(p)]
     plan.layers["boundary"] = plan.level
     plan.layers["fallback"] = "; ".join(reasons) or None
     plan.layers["landlock"] = f"ABI {plan.landlock_abi}" if plan.landlock_abi else None
-    plan.layers["seccomp"] = "no new processes, exec, mounts, ptrace, bpf, io_uring" if plan.seccomp else None
+    plan.layers["seccomp"] = ("deny by default: no new processes, exec, IPC, inotify, uid changes or calls on other "
+                              "processes; sockets AF_UNIX only") if plan.seccomp else None
     plan.layers["capabilities"] = "all dropped (bounding set too), no_new_privs" if plan.drop_privileges else None
     plan.layers["rlimit_nproc"] = "enforced" if plan.uid is not None or os.geteuid() != 0 else "ignored for root"
     return plan
 
 
-# --- the hardened child -------------------------------------------------------------
-def _audit_hook_factory(workdir: str, read_roots: list[str]):
-    read_ok = tuple(read_roots) + (workdir,)
-    read_files = ("/dev/null", "/dev/urandom", "/dev/zero")
-    realpath, fsdecode, os_sep = os.path.realpath, os.fsdecode, os.sep
-
-    def under(path: str, roots) -> bool:
-        return any(path == r or path.startswith(r + os_sep) for r in roots)
-
-    def resolve(p):
-        if type(p) not in (str, bytes, int) and type(p) not in (pathlib.PosixPath, pathlib.PurePosixPath):
-            raise PermissionError("sandbox: only str/bytes/pathlib paths are allowed")
-        return None if isinstance(p, int) else realpath(fsdecode(os.fspath(p)))
-
-    def hook(event, args):
-        if event == "open":
-            path = resolve(args[0])
-            if path is None:
-                return
-            mode, flags = args[1], args[2]
-            writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
-                isinstance(flags, int) and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND))
-            if under(path, (workdir,)) or (not writing and (path in read_files or under(path, read_ok))):
-                return
-            raise PermissionError(f"sandbox: access to {path!r} outside the working directory is not allowed")
-        if event == "import" and args[0].split(".")[0] in BLOCKED_MODULES:
-            raise PermissionError(f"sandbox: import of {args[0]!r} is not allowed")
-        if event.startswith(("socket.", "ctypes.")) or event.startswith(_FORBIDDEN_EVENTS):
-            raise PermissionError(f"sandbox: {event} is not allowed")
-        if event in ("os.rename", "os.link", "shutil.move", "shutil.copyfile", "shutil.copytree"):
-            for p in args[:2]:
-                if not under(resolve(p), (workdir,)):
-                    raise PermissionError(f"sandbox: {event} outside the working directory is not allowed")
-        elif event == "os.symlink":
-            if not under(resolve(args[1]), (workdir,)):
-                raise PermissionError("sandbox: os.symlink outside the working directory is not allowed")
-        elif event.startswith(_WRITE_EVENTS):
-            if args and not isinstance(args[0], int) and not under(resolve(args[0]), (workdir,)):
-                raise PermissionError(f"sandbox: {event} outside the working directory is not allowed")
-        elif event in ("os.listdir", "os.scandir", "glob.glob"):
-            p = resolve(args[0]) if args and args[0] is not None else None
-            if p is not None and not under(p, read_ok):
-                raise PermissionError(f"sandbox: listing {p!r} is not allowed")
-
-    return hook
-
-
-def _harden(req: dict, workdir: str, plan: Plan, server_pid: int) -> None:
-    """Kernel layers first (user code cannot undo them), environment after."""
-    os.setsid()
-    mem = int(req["mem_mb"]) << 20
-    cpu = max(1, math.ceil(float(req["timeout"])))
-    for lim, value in ((resource.RLIMIT_AS, mem), (resource.RLIMIT_CPU, (cpu, cpu + 1)),
-                       (resource.RLIMIT_NPROC, 0), (resource.RLIMIT_FSIZE, int(req["fsize"])),
-                       (resource.RLIMIT_NOFILE, 64), (resource.RLIMIT_CORE, 0)):
-        resource.setrlimit(lim, value if isinstance(value, tuple) else (value, value))
-    os.chdir(workdir)
-    if plan.drop_privileges:
-        confine.drop_privileges(plan.uid, plan.last_cap)
-    # after the uid change (which clears it); a server that died before this line is caught below
-    confine.set_parent_death_signal(signal.SIGKILL)
-    if os.getppid() != server_pid:
-        os._exit(1)
-    if plan.landlock_abi:
-        read = ["/"] if plan.level == "namespace" else plan.read_roots + [
-            p for p in SYSTEM_DIRS + SYSTEM_FILES + DEVICES if os.path.exists(p)]
-        confine.landlock_restrict(plan.landlock_abi, read, [workdir], ["/dev/null"])
-    os.environ.clear()
-    os.environ.update(PATH="/usr/bin:/bin", HOME=workdir, TMPDIR=workdir, LANG="C.UTF-8",
-                      OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", PYTHONHASHSEED="0")
-    tempfile.tempdir = workdir
-    sys.dont_write_bytecode = True
-    if plan.seccomp is not None:
-        confine.install_seccomp(plan.seccomp)
-    for name in BLOCKED_MODULES:
-        sys.modules.pop(name, None)
-
-
-def _child_main(req: dict, workdir: str, out_w: int, err_w: int, plan: Plan, server_pid: int):
-    if req.get("private_bytes"):  # read here, from the server's stdin: the server never holds these bytes
-        req = {**req, **json.loads(_read_exact(0, int(req["private_bytes"])).decode("utf-8"))}
-    devnull = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(devnull, 0)
-    os.dup2(out_w, 1)
-    os.dup2(err_w, 2)
-    os.closerange(3, 1 << 16)
-    sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")
-    sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8", errors="backslashreplace")
-    sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8",
-                                  errors="backslashreplace", write_through=True)
-    code = 1
+def _enter_process_namespaces(plan: Plan) -> None:
+    """PID and IPC namespaces for the zygote and its children (only where the network namespace,
+    hence the privilege to make namespaces, was obtained)."""
+    if not plan.layers["netns"]:
+        return
     try:
-        _harden(req, workdir, plan, server_pid)
-        if req.get("audit", True):
-            _strip_unaudited(sys.modules)
-            sys.addaudithook(_audit_hook_factory(workdir, plan.read_roots))
-        code = _verify_in_child(req) if req["op"] == "verify" else _exec_user_code(req["code"])
-    except BaseException:  # noqa: BLE001 - the child reports everything, then exits
-        traceback.print_exc()
-    try:
-        sys.stdout.flush()
-        sys.stderr.flush()
-    finally:
-        os._exit(code)
+        confine.enter_process_namespaces()
+    except OSError as e:
+        plan.layers["pidns"] = f"unavailable ({e})"
+        return
+    plan.pidns = True
+    plan.layers["pidns"] = "PID and IPC namespaces, the zygote as init"
 
 
-def _strip_unaudited(modules: dict) -> None:
-    """Remove process-control entry points that raise no audit event (pidfd signals, raw fork_exec)."""
-    for mod, attrs in (("os", ("pidfd_open",)), ("posix", ("pidfd_open",)), ("signal", ("pidfd_send_signal",)),
-                       ("subprocess", ("_fork_exec", "_posixsubprocess"))):
-        for attr in attrs:
-            if mod in modules and hasattr(modules[mod], attr):
-                delattr(modules[mod], attr)
-
-
-def _exec_user_code(source: str) -> int:
-    import linecache
-
-    linecache.cache["<code>"] = (len(source), None, source.splitlines(True), "<code>")
-    namespace = {"__name__": "__main__", "__builtins__": __builtins__}
-    try:
-        exec(compile(source, "<code>", "exec"), namespace)
-    except SystemExit as e:
-        if e.code is None or isinstance(e.code, int):
-            return int(e.code or 0)
-        print(e.code, file=sys.stderr)
-        return 1
-    except BaseException as e:  # noqa: BLE001 - user errors become the observation
-        tb = e.__traceback__.tb_next if e.__traceback__ is not None else None
-        traceback.print_exception(type(e), e, tb)
-        return 1
-    return 0
-
-
-def _verify_in_child(req: dict) -> int:
-    """math-verify on untrusted text: its expression parser evaluates strings, so it runs here."""
-    from math_verify import parse, verify
-
-    gold = parse(req["gold"], parsing_timeout=None)
-    pred = parse(req["pred"], parsing_timeout=None)
-    ok = bool(gold) and bool(pred) and verify(gold, pred, timeout_seconds=None)
-    sys.stdout.write(req["nonce"] + ("1" if ok else "0"))
-    return 0
-
-
-# --- running one request ------------------------------------------------------------
+# --- working directories ------------------------------------------------------------
 def _remove_tree(parent_fd: int, name: str) -> None:
-    """Delete ``name`` under ``parent_fd`` (fallback levels only), never following a link.
+    """Delete ``name`` under ``parent_fd`` (fallback levels only), never following a link, at any depth.
 
-    Runs after every process of the run is dead, so the tree no longer changes; each step
-    goes through a descriptor opened with ``O_NOFOLLOW`` and is iterative (any depth).
+    Runs after every process of the run is dead, so the tree no longer changes. At most two
+    descriptors are open at a time (a 20,000-level chain cannot exhaust them): it walks down
+    through ``O_NOFOLLOW`` opens and back up through ``..``, checking each parent's identity.
     Only directories inside the run's own directory are ever chmod-ed.
     """
     flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-    stack: list[tuple[int, str, int]] = []
     try:
-        stack.append((parent_fd, name, os.open(name, flags, dir_fd=parent_fd)))
+        fd = os.open(name, flags, dir_fd=parent_fd)
     except OSError:
         _unlink_quietly(name, parent_fd)  # the program replaced its directory with a link or file
         return
-    while stack:
-        pfd, dname, fd = stack[-1]
-        sub = None
-        with os.scandir(fd) as entries:
-            for entry in entries:
-                if entry.is_dir(follow_symlinks=False):
-                    sub = entry.name
-                    break
-                _unlink_quietly(entry.name, fd)
-        if sub is None:
-            stack.pop()
+    trail: list[tuple[str, tuple[int, int]]] = []  # (name, identity of its parent) of each level entered
+    try:
+        while True:
+            sub = _first_subdir(fd)
+            if sub is not None:
+                here = _identity(os.fstat(fd))
+                os.chmod(sub, 0o700, dir_fd=fd)  # a real directory (scandir said so; the tree is still)
+                child = os.open(sub, flags, dir_fd=fd)
+                os.close(fd)
+                fd = child
+                trail.append((sub, here))
+                continue
+            if not trail:
+                break
+            done, parent_id = trail.pop()
+            parent = os.open("..", flags, dir_fd=fd)
             os.close(fd)
-            try:
-                os.rmdir(dname, dir_fd=pfd)
-            except OSError:
-                pass
-            continue
-        try:
-            if stat.S_ISDIR(os.stat(sub, dir_fd=fd, follow_symlinks=False).st_mode):
-                os.chmod(sub, 0o700, dir_fd=fd)  # a real directory (checked without following)
-            stack.append((fd, sub, os.open(sub, flags, dir_fd=fd)))
-        except OSError:  # cannot enter it: give up on this tree rather than loop
-            for _pfd, _name, open_fd in stack:
-                os.close(open_fd)
-            return
+            fd = parent
+            if _identity(os.fstat(fd)) != parent_id:  # cannot happen in a still tree: stop rather than guess
+                return
+            os.rmdir(done, dir_fd=fd)
+    except OSError:
+        return
+    finally:
+        os.close(fd)
+    try:
+        os.rmdir(name, dir_fd=parent_fd)
+    except OSError:
+        pass
+
+
+def _identity(st: os.stat_result) -> tuple[int, int]:
+    return st.st_dev, st.st_ino
+
+
+def _first_subdir(fd: int) -> str | None:
+    """Unlink the entries of directory ``fd`` up to its first subdirectory; return that one's name."""
+    with os.scandir(fd) as entries:
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                return entry.name
+            _unlink_quietly(entry.name, fd)
+    return None
 
 
 def _unlink_quietly(name: str, dir_fd: int) -> None:
@@ -446,85 +340,139 @@ def _new_workdir(plan: Plan, req: dict) -> str:
 
 
 def _discard_workdir(plan: Plan, workdir: str) -> None:
+    """Namespace level: unmount. Fallback levels: queue for the janitor thread -- removing a tree costs
+    one ``rmdir`` per directory (milliseconds each on some file systems), which must not delay the reply."""
     if plan.level == "namespace":
         confine.discard_workdir(workdir)
     else:
-        _remove_tree(plan.base_fd, os.path.basename(workdir))
+        plan.janitor.put(os.path.basename(workdir))
 
 
-def _run(req: dict, plan: Plan) -> dict:
-    timeout = float(req["timeout"])
-    keep, kill_at = int(req["max_output"]), int(req["kill_output"])
+def _janitor(plan: Plan) -> None:
+    while True:
+        _remove_tree(plan.base_fd, plan.janitor.get())
+
+
+# --- running one request ------------------------------------------------------------
+#: request fields the zygote gets (limits); everything else (code, nonce) goes to the child's pipe
+_HEADER_KEYS = ("op", "timeout", "mem_mb", "fsize", "audit", "private_bytes")
+
+
+class ZygoteLost(RuntimeError):
+    """The zygote died or stopped answering: this server cannot serve any more calls."""
+
+
+def _run(req: dict, plan: Plan, ctl: socket.socket, client_fd: int) -> dict:
     workdir = _new_workdir(plan, req)
     try:
-        return _supervise(req, plan, workdir, timeout, keep, kill_at)
+        return _supervise(req, workdir, ctl, client_fd)
     finally:
         _discard_workdir(plan, workdir)
 
 
-def _supervise(req: dict, plan: Plan, workdir: str, timeout: float, keep: int, kill_at: int) -> dict:
+def _start_child(req: dict, workdir: str, ctl: socket.socket, client_fd: int) -> tuple[int, int]:
+    """Hand the zygote the limits and the pipe ends, then write the body; returns the output pipes."""
+    header = {k: req[k] for k in _HEADER_KEYS if k in req} | {"workdir": workdir}
+    body = json.dumps({k: v for k, v in req.items() if k not in _HEADER_KEYS}).encode("utf-8")
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
+    body_r, body_w = os.pipe()
+    try:
+        fds = [body_r, out_w, err_w] + ([client_fd] if req.get("private_bytes") else [])
+        socket.send_fds(ctl, [json.dumps(header).encode("utf-8")], fds)
+    except OSError as e:
+        raise ZygoteLost(f"zygote unreachable ({e})") from None
+    finally:
+        for fd in (body_r, out_w, err_w):
+            os.close(fd)
+    try:
+        _write_all(body_w, body)
+    except BrokenPipeError:  # the child could not start; the zygote's status says why
+        pass
+    finally:
+        os.close(body_w)
+    return out_r, err_r
+
+
+def _supervise(req: dict, workdir: str, ctl: socket.socket, client_fd: int) -> dict:
+    """Read the child's output (bounded) until the zygote reports its status; kill it at the limits."""
+    keep, kill_at = int(req["max_output"]), int(req["kill_output"])
     start = time.monotonic()
-    server_pid = os.getpid()
-    pid = os.fork()
-    if pid == 0:
-        os.close(out_r)
-        os.close(err_r)
-        try:
-            _child_main(req, workdir, out_w, err_w, plan, server_pid)
-        finally:
-            os._exit(1)  # never return into the server's loop
-    os.close(out_w)
-    os.close(err_w)
-    deadline = start + timeout
-    bufs = {out_r: bytearray(), err_r: bytearray()}
-    total, reason, status = 0, None, None
-    poller = select.poll()
-    for fd in bufs:
-        poller.register(fd, select.POLLIN | select.POLLHUP)
-    open_fds = set(bufs)
-    while open_fds:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            reason = "timeout"
-            break
-        for fd, _ev in poller.poll(remaining * 1000):
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                poller.unregister(fd)
-                open_fds.discard(fd)
-                continue
-            total += len(chunk)
-            room = keep - len(bufs[fd])
-            if room > 0:
-                bufs[fd] += chunk[:room]
-        if total > kill_at:
-            reason = "output_limit"
-            break
-    while status is None:
-        if reason is None and time.monotonic() >= deadline:
-            reason = "timeout"
-        if reason is not None:
-            _kill_group(pid)
-            status = os.waitpid(pid, 0)[1]
-            break
-        done, st = os.waitpid(pid, os.WNOHANG)
-        if done:
-            status = st
-        else:
-            time.sleep(0.002)
-    _kill_group(pid)  # stragglers in the child's session, if any slipped through
-    elapsed = time.monotonic() - start
-    for fd in bufs:
-        os.close(fd)
+    out_r, err_r = _start_child(req, workdir, ctl, client_fd)
+    deadline = start + float(req["timeout"])
+    output = _Output(out_r, err_r, keep)
+    reason, done, killed_at = None, None, None
+    try:
+        while done is None:
+            now = time.monotonic()
+            if reason is None and now >= deadline:
+                reason = "timeout"
+            if reason is not None and killed_at is None:
+                ctl.send(b'{"op": "kill"}')
+                killed_at = now
+            if killed_at is not None and now >= killed_at + KILL_GRACE:
+                raise ZygoteLost("the zygote did not report a killed call")
+            until = deadline if killed_at is None else killed_at + KILL_GRACE
+            if output.wait(ctl, until - now):
+                msg = ctl.recv(zygote.MAX_HEADER)
+                if not msg:
+                    raise ZygoteLost("the zygote died")
+                done = json.loads(msg)
+            if reason is None and output.total > kill_at:
+                reason = "output_limit"
+        output.drain(KILL_GRACE)  # what the child wrote before it ended (every writer is dead now)
+        elapsed = time.monotonic() - start
+    finally:
+        output.close()
+    status = done["status"]
+    if status is None:
+        raise RuntimeError(f"the zygote could not fork: {done.get('error')}")
     sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
     if reason is None and sig == signal.SIGXCPU:
         reason = "cpu_timeout"
-    return {"stdout": bytes(bufs[out_r]).decode("utf-8", "replace"),
-            "stderr": bytes(bufs[err_r]).decode("utf-8", "replace"),
+    return {"stdout": output.text(out_r), "stderr": output.text(err_r),
             "exit_code": os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
-            "signal": sig, "limit": reason, "output_bytes": total, "elapsed": elapsed}
+            "signal": sig, "limit": reason, "output_bytes": output.total, "elapsed": elapsed}
+
+
+class _Output:
+    """The child's stdout and stderr: the first ``keep`` bytes of each kept, everything counted."""
+
+    def __init__(self, out_r: int, err_r: int, keep: int):
+        self.bufs = {out_r: bytearray(), err_r: bytearray()}
+        self.keep, self.total = keep, 0
+        self.open = set(self.bufs)
+
+    def wait(self, ctl: socket.socket, seconds: float) -> bool:
+        """Read what is ready for up to ``seconds``; True when ``ctl`` (the zygote) has a message."""
+        ready = select.select([*self.open, ctl], [], [], max(0.0, seconds))[0]
+        for fd in ready:
+            if fd is not ctl:
+                self._read(fd)
+        return ctl in ready
+
+    def drain(self, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while self.open and time.monotonic() < end:
+            for fd in select.select(list(self.open), [], [], max(0.0, end - time.monotonic()))[0]:
+                self._read(fd)
+
+    def _read(self, fd: int) -> None:
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            self.open.discard(fd)
+            return
+        self.total += len(chunk)
+        room = self.keep - len(self.bufs[fd])
+        if room > 0:
+            self.bufs[fd] += chunk[:room]
+
+    def text(self, fd: int) -> str:
+        return bytes(self.bufs[fd]).decode("utf-8", "replace")
+
+    def close(self) -> None:
+        for fd in self.bufs:
+            os.close(fd)
 
 
 def _drain(fd: int) -> None:
@@ -536,12 +484,20 @@ def _drain(fd: int) -> None:
             return
 
 
-def _kill_group(pid: int) -> None:
-    for kill in (os.killpg, os.kill):
+def _start_zygote(plan: Plan, protocol_fds: tuple[int, int]) -> tuple[socket.socket, int]:
+    """Fork the zygote now, while this process has handled nothing (see ``_zygote.py``)."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    pid = os.fork()
+    if pid == 0:
         try:
-            kill(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+            ours.close()
+            for fd in protocol_fds:
+                os.close(fd)
+            zygote.serve(theirs, plan, confine)
+        finally:
+            os._exit(0)
+    theirs.close()
+    return ours, pid
 
 
 def main() -> None:
@@ -564,22 +520,30 @@ def main() -> None:
     except Exception:  # noqa: BLE001 - a missing optional package only costs speed
         warmed = False
     plan = _plan(base_tmp, max_level, _python_roots())
+    _enter_process_namespaces(plan)
     plan.layers.update(preloaded=preloaded, warmed=warmed)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _send(wfd, {"ready": True, "layers": plan.layers, "pid": os.getpid()})
+    ctl, zygote_pid = _start_zygote(plan, (rfd, wfd))
+    if plan.base_fd is not None:  # after the fork: the zygote never has this thread
+        threading.Thread(target=_janitor, args=(plan,), daemon=True).start()
+    _send(wfd, {"ready": True, "layers": plan.layers, "pid": os.getpid(), "zygote": zygote_pid})
     while True:
         try:
             req = _recv(rfd)
         except (EOFError, OSError, ValueError):
             return
+        lost = False
         try:
-            reply = _run(req, plan)
+            reply = _run(req, plan, ctl, rfd)
         except Exception as e:  # noqa: BLE001 - keep serving; report the internal failure
+            lost = isinstance(e, ZygoteLost)
             reply = {"stdout": "", "stderr": f"sandbox internal error: {e!r}", "exit_code": None,
                      "signal": None, "limit": "internal", "output_bytes": 0, "elapsed": 0.0}
         if req.get("private_bytes"):
             _drain(rfd)
         _send(wfd, reply)
+        if lost:  # the client starts a fresh server on the next call
+            return
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """Client side of the TIR-Math sandbox: runs model-written Python in a hardened fork server.
 
 ``Sandbox.run(code)`` sends the code to a long-lived server process (``_forkserver.py``)
-that has sympy/numpy/math-verify imported and forks one hardened child per call, so a
-call costs a fork instead of a Python start + sympy import (see
+that has sympy/numpy/math-verify imported and has a pristine copy of itself (``_zygote.py``)
+fork one hardened child per call, so a call costs a fork instead of a Python start + sympy
+import (see
 ``benchmarks/bench_sandbox.py``). The client never trusts the server to stay alive: a
 missing reply within ``timeout + margin`` or a dead server yields ``status="sandbox_error"``
 and a fresh server on the next call. The boundary that actually holds on this machine is
@@ -110,6 +111,7 @@ class Sandbox:
         self._proc: subprocess.Popen | None = None
         self._owner_pid = -1
         self._layers: dict = {}
+        self._zygote_pid: int | None = None
 
     # --- lifecycle ------------------------------------------------------------------
     @property
@@ -128,6 +130,11 @@ class Sandbox:
     def server_pid(self) -> int | None:
         return self._proc.pid if self._proc is not None and self._owner_pid == os.getpid() else None
 
+    @property
+    def zygote_pid(self) -> int | None:
+        """The process every child is forked from (it never holds a request body or an output)."""
+        return self._zygote_pid if self.server_pid is not None else None
+
     def _ensure_server(self) -> None:
         if self._proc is not None and self._owner_pid == os.getpid() and self._proc.poll() is None:
             return
@@ -143,7 +150,7 @@ class Sandbox:
         if hello is None or not hello.get("ready"):
             self._stop_server()
             raise RuntimeError("sandbox server failed to start")
-        self._layers = hello["layers"]
+        self._layers, self._zygote_pid = hello["layers"], hello["zygote"]
         self._report_degradation()
 
     def _report_degradation(self) -> None:
