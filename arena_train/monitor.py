@@ -198,8 +198,8 @@ def decide(signals: list[Signal], checkpoints: list[int], on_collapse: str, roll
             new = scale * rollback_lr_scale
             return Decision("rollback", healthy, new, f"{what}; rolling back to checkpoint {healthy} "
                                                       f"(rollback {rollbacks + 1} of {max_rollbacks}, lr x{new:g})")
-        why = "no checkpoint before the onset" if healthy is None else f"all {max_rollbacks} rollbacks used"
-        return Decision("stop", healthy, scale, f"{what}; stopping ({why}; {where})")
+        why = where if healthy is None else f"all {max_rollbacks} rollbacks used; {where}"
+        return Decision("stop", healthy, scale, f"{what}; stopping ({why})")
     return Decision("stop", healthy, scale, f"{what}; stopping on {where}")
 
 
@@ -264,9 +264,8 @@ class CollapseMonitor:
         that could not happen is not counted)."""
         if decision.action == "rollback":
             self.state["rollbacks"] -= 1
-        where = "none" if decision.checkpoint is None else f"none at or before {decision.checkpoint}"
-        self.state["stopped"] = f"{decision.reason}; no verified healthy checkpoint ({where}), stopped on the " \
-                                f"current weights"
+        unverified = f"; no checkpoint at or before {decision.checkpoint} verifies: stopped on the current weights"
+        self.state["stopped"] = decision.reason + ("" if decision.checkpoint is None else unverified)
 
     @property
     def lr_scale(self) -> float:
@@ -373,7 +372,7 @@ class CollapseMonitor:
         count = self._streak(name, bad, iteration)
         if count < self.config.patience:
             return None
-        return Signal(name, value, threshold, f"{reason} for {count} iterations", self._onset(name))
+        return Signal(name, value, threshold, f"{reason} for {count} iteration{'s' * (count > 1)}", self._onset(name))
 
     # --- one iteration -----------------------------------------------------------------------------------------
     def update(self, iteration: int, metrics: Mapping[str, float]) -> MonitorStep:

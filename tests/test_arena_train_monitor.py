@@ -168,7 +168,7 @@ def test_rollback_scales_the_learning_rate_until_max_rollbacks_then_stops():
     assert (third.action, third.checkpoint, third.lr_scale) == ("stop", 30, 0.25)
     assert "all 2 rollbacks used" in third.reason
     no_ckpt = decide([sig(5)], ckpts, "rollback", 0, 2, 0.5)
-    assert (no_ckpt.action, no_ckpt.checkpoint) == ("stop", None) and "no checkpoint before" in no_ckpt.reason
+    assert (no_ckpt.action, no_ckpt.checkpoint) == ("stop", None) and "no checkpoint before it" in no_ckpt.reason
     assert decide([sig(35)], ckpts, "warn", 0, 2, 0.5).action == "warn"
     assert decide([], ckpts, "rollback", 0, 2, 0.5).action == "none"
     assert decide([sig(35)], ckpts, "off", 0, 2, 0.5).action == "none"
@@ -322,7 +322,7 @@ def test_restore_healthy_without_a_healthy_checkpoint_stops_on_the_current_weigh
     assert restore_healthy(accelerator, tmp_path, monitor, Decision("stop", None, 1.0, "nan"), 5) is None
     monitor.state["rollbacks"] = 1  # as update() counts a rollback decision
     assert restore_healthy(accelerator, tmp_path, monitor, Decision("rollback", 3, 0.5, "nan"), 5) is None
-    assert monitor.state["rollbacks"] == 0 and "none at or before 3" in monitor.stopped
+    assert monitor.state["rollbacks"] == 0 and "no checkpoint at or before 3 verifies" in monitor.stopped
     for k, v in model.state_dict().items():
         torch.testing.assert_close(v, before[k])
 
