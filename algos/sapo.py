@@ -33,6 +33,7 @@ from arena_train.batching import (
     fill_old_logp,
     first_minibatch,
     lockstep_micro_batches,
+    loss_counts,
     make_batch,
     score_rows,
     sequence_logprobs,
@@ -82,6 +83,8 @@ LossAgg = Annotated[Literal["token-mean", "seq-mean-token-mean", "seq-mean-token
 SeqMask = Annotated[bool, tyro.conf.arg(aliases=("--seq-mask",))]
 #: Per-micro-batch metrics that are counts (summed over the iteration), not averages.
 COUNT_METRICS = ("masked_seqs",)
+#: Per-micro-batch metrics that are terms of the loss: each is the micro-batch's share of its mini-batch's value.
+LOSS_METRICS = ("pg_loss", "kl_ref", "entropy", "value_loss")
 
 
 @dataclass
@@ -217,24 +220,29 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (x * mask).sum() / mask.sum().clamp(min=1.0)
 
 
-def agg_loss(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str) -> torch.Tensor:
+def agg_loss(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str,
+             counts: dict[str, float] | None = None) -> torch.Tensor:
     """Aggregate a (B, T) per-token loss to a scalar (ARLArena §3.1).
 
-    token-mean: sum / #tokens; seq-mean-token-mean: mean over non-empty rows of row means;
-    seq-mean-token-sum: mean over rows of row sums; seq-mean-token-sum-norm: sum / T.
+    token-mean: sum / #tokens; seq-mean-token-mean: sum of row means / #non-empty rows; seq-mean-token-sum:
+    sum / #rows; seq-mean-token-sum-norm (Dr.GRPO): sum / (#rows * L_max), L_max a constant length.
+    ``counts`` holds those denominators for the whole mini-batch on all processes (``loss_counts``), so that a
+    micro-batch's value is its share of the mini-batch's loss; None = this batch is the whole mini-batch
+    (L_max = its padded length T).
     """
     loss_mat = torch.where(mask > 0, loss_mat, torch.zeros_like(loss_mat))  # masked inf/nan must not leak
-    if mode == "token-mean":
-        return loss_mat.sum() / mask.sum().clamp(min=1.0)
     row_len = mask.sum(-1)  # (B,)
+    if counts is None:
+        counts = {"tokens": float(mask.sum()), "rows": float(mask.shape[0]),
+                  "nonempty_rows": float((row_len > 0).sum()), "max_len": float(mask.shape[-1])}
+    if mode == "token-mean":
+        return loss_mat.sum() / max(counts["tokens"], 1.0)
     if mode == "seq-mean-token-mean":
-        nonempty = row_len > 0
-        row_mean = loss_mat.sum(-1) / row_len.clamp(min=1.0)
-        return (row_mean * nonempty).sum() / nonempty.sum().clamp(min=1)
+        return (loss_mat.sum(-1) / row_len.clamp(min=1.0)).sum() / max(counts["nonempty_rows"], 1.0)
     if mode == "seq-mean-token-sum":
-        return loss_mat.sum(-1).mean()
+        return loss_mat.sum() / max(counts["rows"], 1.0)
     if mode == "seq-mean-token-sum-norm":
-        return loss_mat.sum() / mask.shape[-1]
+        return loss_mat.sum() / (max(counts["rows"], 1.0) * counts["max_len"])
     raise ValueError(f"unknown loss_agg_mode {mode!r}")
 
 
@@ -296,7 +304,8 @@ def seq_mask(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tenso
 def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
                 tau_pos: float = 1.0, tau_neg: float = 1.05, clip_low: float = 0.2, clip_high: float = 0.2,
                 agg_mode: str = "token-mean",
-                seq_mask_delta: float | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                seq_mask_delta: float | None = None,
+                counts: dict[str, float] | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """SAPO soft-gated surrogate (§3.6); all tensors (B, T).
 
     loss = -(4/tau) sigmoid(tau (r - 1)) A, tau = tau_pos if the row's mean A > 0 else tau_neg.
@@ -320,7 +329,7 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
             "approx_kl": masked_mean(-log_ratio, mask),
             "masked_seqs": masked.sum().float(),
         }
-    return agg_loss(loss_mat, mask, agg_mode), metrics
+    return agg_loss(loss_mat, mask, agg_mode, counts), metrics
 # END ALGO LOGIC
 
 
@@ -355,7 +364,8 @@ def main(args: Args) -> None:
     policy, ref_model, tokenizer = load_policy_and_reference(model_path, dtype, lora_rank=args.lora_rank,
                                                              gradient_checkpointing=args.gradient_checkpointing)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=args.learning_rate, weight_decay=args.weight_decay)
-    # ALGO LOGIC: extra models and optimizers (none for GRPO)
+    # ALGO LOGIC: extra models and optimizers (defines `extra_models`, trained beside the policy; none for GRPO)
+    extra_models: list[torch.nn.Module] = []
     # END ALGO LOGIC
     policy, optimizer = accelerator.prepare(policy, optimizer)
     ref_model = prepare_reference(accelerator, ref_model, policy)  # sharded like the policy; LoRA: the base
@@ -383,6 +393,8 @@ def main(args: Args) -> None:
                              top_p=args.top_p, row_layout=args.row_layout)
     evaluation = replace(sampling, temperature=args.eval_temperature, top_p=args.eval_top_p, top_k=args.eval_top_k)
     pad_id = tokenizer.pad_token_id
+    # Dr.GRPO's constant length: the most policy tokens a row can hold
+    max_len = args.max_response_tokens * (args.max_turns if args.row_layout == "trajectory" else 1)
 
     for iteration in tqdm(range(start_iteration, args.num_iterations + 1), disable=not accelerator.is_main_process,
                           initial=start_iteration - 1, total=args.num_iterations, desc=args.exp_name):
@@ -419,16 +431,33 @@ def main(args: Args) -> None:
         grad_norms, skipped, update_tokens = [], 0, 0
         for order in orders:
             for mb_index in np.array_split(np.array(order, dtype=np.int64), n_minibatches):
-                weight = 1.0 if len(mb_index) else 0.0  # an empty share still joins the all-reduce
-                mb_rows: list[Row] = [rows[j] for j in mb_index] or rows[:1]
-                # as many micro-batches on every process: a sharded forward all-gathers (padding ones are empty)
-                micro_batches = lockstep_micro_batches(accelerator, mb_rows, args.micro_batch_size,
-                                                       args.micro_batch_tokens)
+                mb_rows: list[Row] = [rows[j] for j in mb_index]  # may be empty here: this process still joins
+                # as many micro-batches and forward calls on every process (padding micro-batches are empty)
+                micro_batches, share_prefix = lockstep_micro_batches(accelerator, mb_rows, args.micro_batch_size,
+                                                                     args.micro_batch_tokens)
+                # one normaliser per optimizer step: the whole mini-batch on all processes (loss_counts)
+                counts = loss_counts(accelerator, mb_rows, max_len)
+                # ALGO LOGIC: the policy loss's normaliser `pg_counts` (GRPO_SM: rows masked, found by a no-grad pass)
+                dropped: set[int] = set()
+                if args.use_seq_mask:
+                    with torch.no_grad(), accelerator.autocast():
+                        for micro_rows, share in zip(micro_batches, share_prefix):
+                            batch = make_batch(micro_rows or micro_batches[0] or rows[:1], pad_id, device,
+                                               share_prefix=share)
+                            logp, _ = sequence_logprobs(policy, batch, args.temperature, with_entropy=False)
+                            fill_old_logp(batch, logp, micro_rows)
+                            masked = seq_mask(logp, batch["old_logp"], batch["advantages"], batch["mask"],
+                                              args.seq_mask_delta)
+                            dropped.update(id(r) for r, m in zip(micro_rows, masked.tolist()) if m)
+                pg_counts = loss_counts(accelerator, mb_rows, max_len, dropped) if args.use_seq_mask else counts
+                # END ALGO LOGIC
                 optimizer.zero_grad(set_to_none=True)
                 non_finite = 0.0
-                for k, micro_rows in enumerate(micro_batches):
-                    batch = make_batch(micro_rows or micro_batches[0], pad_id, device, share_prefix=True)
-                    sync = micro_batch_sync(accelerator, policy, last=k == len(micro_batches) - 1)
+                loss_terms: dict[str, float] = defaultdict(float)
+                for k, (micro_rows, share) in enumerate(zip(micro_batches, share_prefix)):
+                    batch_rows = micro_rows or micro_batches[0] or rows[:1]  # padding: a real batch, weight 0
+                    batch = make_batch(batch_rows, pad_id, device, share_prefix=share)
+                    sync = micro_batch_sync(accelerator, [policy, *extra_models], last=k == len(micro_batches) - 1)
                     with sync, accelerator.autocast():
                         logp, entropy = sequence_logprobs(policy, batch, args.temperature)
                         fill_old_logp(batch, logp, micro_rows)  # the first mini-batch's rows (not scored)
@@ -438,20 +467,25 @@ def main(args: Args) -> None:
                             logp, batch["old_logp"], batch["advantages"], mask, tau_pos=args.tau_pos,
                             tau_neg=args.tau_neg, clip_low=args.clip_ratio_low, clip_high=args.clip_ratio_high,
                             agg_mode=args.loss_agg_mode,
-                            seq_mask_delta=args.seq_mask_delta if args.use_seq_mask else None)
+                            seq_mask_delta=args.seq_mask_delta if args.use_seq_mask else None, counts=pg_counts)
                         kl_ref = agg_loss(kl_penalty(logp, batch["ref_logp"], args.kl_estimator), mask,
-                                          args.loss_agg_mode)
-                        entropy_bonus = agg_loss(entropy, mask, args.loss_agg_mode)
+                                          args.loss_agg_mode, counts)
+                        entropy_bonus = agg_loss(entropy, mask, args.loss_agg_mode, counts)
                         loss = pg_loss + args.kl_coef * kl_ref - args.entropy_coef * entropy_bonus
                         metrics.update(pg_loss=pg_loss.detach(), kl_ref=kl_ref.detach(),
                                        entropy=entropy_bonus.detach())
                         # END ALGO LOGIC
-                        accelerator.backward(loss * weight * len(micro_rows) / len(mb_rows))
+                        # DDP averages gradients over processes; the losses are shares of the global sum
+                        accelerator.backward(loss * (world if micro_rows else 0.0))
                     non_finite += float(not torch.isfinite(loss).item())
-                    if micro_rows:
-                        update_tokens += int(batch["attention_mask"].sum())
-                        for key, value in metrics.items():
+                    update_tokens += int(batch["attention_mask"].sum()) if micro_rows else 0
+                    for key, value in metrics.items():
+                        if key in LOSS_METRICS:  # every process logs every term, 0 for its padding
+                            loss_terms[key] += float(value) if micro_rows else 0.0
+                        elif micro_rows:
                             sums[key].append(float(value))
+                for key, value in loss_terms.items():  # this process's share of the mini-batch's loss
+                    sums[key].append(value * world)
                 grad_norm = float(accelerator.clip_grad_norm_(policy.parameters(), args.max_grad_norm))
                 non_finite = accelerator.reduce(torch.tensor(non_finite, device=device), reduction="sum").item()
                 if non_finite > 0 or not math.isfinite(grad_norm):

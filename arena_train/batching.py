@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import time
 from collections import defaultdict
+from collections.abc import Collection
 
 import numpy as np
 import torch
@@ -244,14 +245,44 @@ def score_rows(policy, ref_model, rows: list[Row], *, micro_batch_size: int, tem
     stats["time_score"] += time.perf_counter() - start
 
 
-def lockstep_micro_batches(accelerator, rows: list[Row], max_rows: int, max_tokens: int = 0) -> list[list[Row]]:
-    """``split_micro_batches`` padded with empty micro-batches to the largest count over the processes: under
-    sharding every forward all-gathers weights, so every process must run as many (an empty one reruns the first
-    micro-batch with weight 0)."""
-    micro_batches = split_micro_batches(rows, max_rows, max_tokens)
+def lockstep_micro_batches(accelerator, rows: list[Row], max_rows: int,
+                           max_tokens: int = 0) -> tuple[list[list[Row]], list[bool]]:
+    """(micro-batches, whether each may reuse shared prompt prefixes): ``split_micro_batches`` padded with empty
+    micro-batches to the largest count over the processes, and prefix reuse only where every process can use it.
+
+    Every process must make the same forward and backward calls in every micro-batch: a sharded forward
+    all-gathers weights, and DDP's gradient hooks and buckets follow the calls. An empty micro-batch reruns a real
+    one with weight 0; a micro-batch whose rows share no prefix on some process splices the prefixes back in on
+    all of them (one forward call each instead of two).
+    """
+    micro_batches = split_micro_batches(rows, max_rows, max_tokens) if rows else []
     count = torch.tensor([len(micro_batches)], device=accelerator.device)
     most = int(accelerator.gather(count).max().item())
-    return micro_batches + [[] for _ in range(most - len(micro_batches))]
+    micro_batches += [[] for _ in range(most - len(micro_batches))]
+    local = [any(shared_prefix_lengths(mb or micro_batches[0])) for mb in micro_batches]
+    if accelerator.num_processes == 1 or most == 0:
+        return micro_batches, local
+    flags = accelerator.reduce(torch.tensor([0 if f else 1 for f in local], device=accelerator.device),
+                               reduction="sum")  # how many processes cannot share, per micro-batch
+    return micro_batches, [int(n) == 0 for n in flags.tolist()]
+
+
+def loss_counts(accelerator, rows: list[Row], max_len: int, dropped: Collection[int] = ()) -> dict[str, float]:
+    """The denominators of the loss over one mini-batch on all processes: ``tokens`` (loss-mask sum), ``rows``,
+    ``nonempty_rows`` (rows with a token in the loss) and ``max_len`` (Dr.GRPO's constant length).
+
+    Every micro-batch divides its partial sum by these, so the gradient is the one-batch, one-process gradient
+    whatever the micro-batching and the split of rows over processes (a row weighs the same on every process).
+    ``dropped``: ``id(row)`` of rows the loss leaves out (sequence masking); they count as rows without tokens.
+    """
+    tokens = nonempty = 0.0
+    for r in rows:
+        n = 0.0 if id(r) in dropped else float(len(r.response_ids) if r.loss_mask is None else np.sum(r.loss_mask))
+        tokens += n
+        nonempty += float(n > 0)
+    t = torch.tensor([tokens, float(len(rows)), nonempty], dtype=torch.float64, device=accelerator.device)
+    tokens, n_rows, nonempty = accelerator.reduce(t, reduction="sum").tolist()
+    return {"tokens": tokens, "rows": n_rows, "nonempty_rows": nonempty, "max_len": float(max_len)}
 
 
 def update_orders(accelerator, n_rows: int, mini_batch_size: int, epochs: int,

@@ -73,13 +73,15 @@ def env_id_problem(env_id: str) -> str | None:
 
 
 def args_problem(args: Any) -> str | None:
-    """The first problem of parsed ``args`` (ranges, flags that need another, env id, requested vLLM) as one
-    message, or None."""
+    """The first problem of parsed ``args`` (ranges, flags that need another, env id, the method's own
+    ``method_problem()``, requested vLLM) as one message, or None."""
     problem = range_problem(args)
     if problem is None and getattr(args, "resume_fallback", False) and not getattr(args, "resume", False):
         problem = "error: --resume-fallback applies to --resume: give both"
     if problem is None and getattr(args, "env_id", None) is not None:
         problem = env_id_problem(args.env_id)
+    if problem is None and hasattr(args, "method_problem"):  # a method's own combinations (its Args block)
+        problem = args.method_problem()
     if problem is None and getattr(args, "rollout_backend", None) == "vllm":
         from arena_train.backends import vllm_available
 
