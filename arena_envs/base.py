@@ -12,6 +12,7 @@ makes a rollout loop that forgot to reset fail at once instead of training on re
 
 from __future__ import annotations
 
+import re
 import string
 from typing import Any
 
@@ -23,12 +24,21 @@ from gymnasium import spaces
 CHARSET = frozenset(string.printable) | frozenset("√—–’“”…°×÷·")
 MAX_TEXT_LENGTH = 1_000_000
 
+#: control characters a program, a file or a test could use to forge or garble observations and logs
+#: (all but tab and newline: carriage return, vertical tab, form feed, escapes, NUL, C1 controls)
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
 #: Keys present in every ``info`` dict returned by ``reset`` and ``step``.
 INFO_KEYS = ("won", "admissible_actions", "action_is_valid", "task")
 
 
 class EnvStateError(RuntimeError):
     """``step`` or ``reset`` called in a state where it has no meaning (the message says what to call)."""
+
+
+def clean_observation(text: str) -> str:
+    """``text`` without control characters other than tab and newline (every env's observations)."""
+    return _CONTROL.sub("", text)
 
 
 def text_space(charset: frozenset[str] = CHARSET) -> spaces.Text:
@@ -82,6 +92,7 @@ class TextEnv(gym.Env[str, str]):
             raise EnvStateError(f"{type(self).__name__}.reset() after close(): make a new env")
         super().reset(seed=seed)
         obs, info = self._reset(options)
+        obs = clean_observation(obs)
         self._phase = "running"
         info.setdefault("won", False)
         info.setdefault("action_is_valid", True)
@@ -96,6 +107,7 @@ class TextEnv(gym.Env[str, str]):
         if not isinstance(action, str):
             action = "" if action is None else str(action)
         obs, reward, terminated, truncated, info = self._step(action)
+        obs = clean_observation(obs)
         if terminated or truncated:
             self._phase = "ended"
         self._last_obs = obs

@@ -488,3 +488,12 @@ def test_gold_answer_never_enters_the_server(host):
     assert box.verify("\\frac{1}{2}", "0.5") is True  # the private-bytes path works and the stream stays in sync
     assert _memory_count(box.server_pid, gold.encode()) == 0
     assert box.run("print(1)").stdout == "1\n"
+
+
+def test_earlier_calls_never_enter_the_fork_source(host):
+    """Children are forked from the zygote: it must never hold another call's code, output or answers."""
+    box = host["box"]
+    marker = "EPISODE-" + "".join(reversed("TUPTUO-5151"))  # built at run time: not a constant of this module
+    assert box.run(f"print({marker!r} * 3)").stdout == marker * 3 + "\n"
+    assert box.verify(marker, marker) is not None
+    assert _memory_count(box.zygote_pid, marker.encode()) == 0

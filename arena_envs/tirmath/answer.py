@@ -16,37 +16,47 @@ from arena_envs.tirmath.sandbox import Sandbox
 #: ARLArena's code pattern, tolerant of a missing newline before the closing fence.
 CODE_RE = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)\n?```", re.DOTALL)
 _BOXED_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
+#: longest answer (``\\boxed{}`` content) checked; a longer one is a wrong answer, never an error
+MAX_ANSWER_CHARS = 1000
 
 
-def _match_braces(text: str, start: int) -> int | None:
-    """Index just past the ``}`` closing the group opened right before ``start``."""
-    depth, i = 1, start
-    while i < len(text):
+def _closing_braces(text: str) -> dict[int, int]:
+    """Index of each ``{`` -> index just past its closing ``}``, in one pass (``\\x`` escapes skipped)."""
+    closing, stack, i, n = {}, [], 0, len(text)
+    while i < n:
         ch = text[i]
         if ch == "\\":
             i += 2
             continue
         if ch == "{":
-            depth += 1
-        elif ch == "}":
-            depth -= 1
-            if depth == 0:
-                return i + 1
+            stack.append(i)
+        elif ch == "}" and stack:
+            closing[stack.pop()] = i + 1
         i += 1
-    return None
+    return closing
 
 
 def extract_boxed_all(text: str) -> list[str]:
-    """Contents of every complete ``\\boxed{...}`` in order (unclosed ones are skipped)."""
-    found, pos = [], 0
-    while (m := _BOXED_RE.search(text, pos)) is not None:
-        end = _match_braces(text, m.end())
-        if end is None:
-            pos = m.end()
+    """Contents of every complete outermost ``\\boxed{...}`` in order (unclosed ones are skipped).
+
+    Linear time whatever the text (thousands of unclosed ``\\fbox{`` included): braces are matched
+    once for the whole text instead of rescanning the rest after each opening.
+    """
+    closing = _closing_braces(text)
+    found, end = [], 0
+    for m in _BOXED_RE.finditer(text):
+        close = closing.get(m.end() - 1)
+        if close is None or m.start() < end:  # unclosed, or nested in the previous answer
             continue
-        found.append(text[m.end():end - 1])
-        pos = end
+        found.append(text[m.end():close - 1])
+        end = close
     return found
+
+
+def first_boxed_end(text: str) -> int | None:
+    """Index just past the first complete ``\\boxed{...}`` (linear time), or ``None``."""
+    closing = _closing_braces(text)
+    return next((closing[m.end() - 1] for m in _BOXED_RE.finditer(text) if m.end() - 1 in closing), None)
 
 
 def extract_boxed(text: str) -> str | None:
@@ -71,7 +81,10 @@ _NUMBER_RE = re.compile(r"\s*(-?)\s*(?:(\d+(?:\.\d+)?)|\\d?frac\{(\d+)\}\{(\d+)\
 
 
 def as_number(text: str) -> Fraction | None:
-    """Exact value of a plain number, ``a/b`` or ``\\frac{a}{b}``; ``None`` for anything else."""
+    """Exact value of a plain number, ``a/b`` or ``\\frac{a}{b}``; ``None`` for anything else (longer
+    than ``MAX_ANSWER_CHARS`` included: Python refuses to convert integers of more than 4,300 digits)."""
+    if len(text) > MAX_ANSWER_CHARS:
+        return None
     m = _NUMBER_RE.fullmatch(text)
     if m is None:
         return None
@@ -90,7 +103,7 @@ def is_correct(pred: str | None, gold: str, sandbox: Sandbox, timeout: float = 5
     ``Sandbox.verify`` because math-verify's expression parser evaluates its input and its own timeouts rely on
     ``signal.alarm`` (main thread only), so the time limit is enforced by the sandbox.
     """
-    if pred is None or not pred.strip():
+    if pred is None or not pred.strip() or len(pred) > MAX_ANSWER_CHARS:
         return False
     if pred.strip() == gold.strip():
         return True

@@ -29,7 +29,7 @@ from typing import Any
 
 from arena_envs.base import TextEnv
 from arena_envs.splits import check_split, draw_in_split, select_split
-from arena_envs.tirmath.answer import _BOXED_RE, _match_braces, extract_boxed, extract_code, is_correct
+from arena_envs.tirmath.answer import extract_boxed, extract_code, first_boxed_end, is_correct
 from arena_envs.tirmath.data import FAMILIES, Problem, generate_problem, load_problems
 from arena_envs.tirmath.sandbox import ExecResult, Sandbox, clean_text, shared_sandbox
 
@@ -158,13 +158,9 @@ class TIRMathEnv(TextEnv):
         code, cut = extract_code(text)
         if code is not None:
             ends.append(cut)
-        pos = 0
-        while (m := _BOXED_RE.search(text, pos)) is not None:
-            end = _match_braces(text, m.end())
-            if end is not None:
-                ends.append(end)
-                break
-            pos = m.end()
+        boxed = first_boxed_end(text)
+        if boxed is not None:
+            ends.append(boxed)
         if not ends:
             return None
         end = min(ends)
