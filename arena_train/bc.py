@@ -15,6 +15,7 @@ import torch
 from arena_train.backends import HFBackend
 from arena_train.models import load_model_and_tokenizer
 from arena_train.rollout import RolloutConfig, collect_rows, encode_prompt
+from wrappers.special_tokens import escape_special_tokens
 
 #: Validation seeds for BC checkpoint selection: disjoint from BC data (0..N) and from the held-out eval seeds.
 VALIDATION_SEED_OFFSET = 900_000_000
@@ -47,7 +48,8 @@ def tokenize_examples(tokenizer, data: list[Example], max_prompt_tokens: int) ->
     out = []
     for messages, response in data:
         prompt, _ = encode_prompt(tokenizer, messages, max_prompt_tokens)
-        out.append((prompt, tokenizer.encode(response, add_special_tokens=False) + [tokenizer.eos_token_id]))
+        response_ids = tokenizer.encode(escape_special_tokens(response, tokenizer), add_special_tokens=False)
+        out.append((prompt, response_ids + [tokenizer.eos_token_id]))
     return out
 
 

@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from wrappers.special_tokens import escape_messages
+
 
 @dataclass(frozen=True)
 class TurnSpan:
@@ -70,6 +72,7 @@ def encode_prompts(tokenizer, conversations: list[list[dict[str, str]]], max_tok
     the end the admissible actions, the answer format and the generation prompt."""
     if not conversations:
         return []
+    conversations = [escape_messages(c, tokenizer) for c in conversations]  # env text never becomes a special token
     texts = tokenizer.apply_chat_template(conversations, add_generation_prompt=True, tokenize=False)
     # what tokenize=True does with the rendered text, without building the attention masks nobody reads
     encoded = tokenizer(texts, add_special_tokens=False, return_attention_mask=False)["input_ids"]

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from arena_train.rows import RolloutConfig, Row, TurnSpan, cut_at_turn_end, encode_prompt
+from wrappers.special_tokens import escape_special_tokens
 
 #: Stand-in for a response when the chat template renders the text between two assistant turns.
 _SENTINEL = "<<ARL-RESPONSE>>"
@@ -30,7 +31,7 @@ def env_turn_ids(tokenizer, observation: str, response_ended: bool) -> list[int]
     answers ``observation``: the assistant's end marker (left out when the response already ended with the end
     token), the user message and the generation prompt."""
     messages = [{"role": "user", "content": "task"}, {"role": "assistant", "content": _SENTINEL},
-                {"role": "user", "content": observation}]
+                {"role": "user", "content": escape_special_tokens(observation, tokenizer)}]
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     between = text[text.index(_SENTINEL) + len(_SENTINEL):]
     if response_ended and tokenizer.eos_token and between.startswith(tokenizer.eos_token):
