@@ -190,7 +190,7 @@ def decide(signals: list[Signal], checkpoints: list[int], on_collapse: str, roll
     onset = min(s.onset for s in signals)
     healthy = max((c for c in checkpoints if c + 1 < onset), default=None)
     what = "; ".join(f"{s.name}: {s.reason}" for s in signals)
-    where = "no checkpoint before it" if healthy is None else f"last healthy checkpoint {healthy}"
+    where = "no checkpoint before the onset" if healthy is None else f"last healthy checkpoint {healthy}"
     if on_collapse == "warn":
         return Decision("warn", healthy, scale, f"{what} (onset {onset}, {where})")
     if on_collapse == "rollback":
@@ -200,7 +200,7 @@ def decide(signals: list[Signal], checkpoints: list[int], on_collapse: str, roll
                                                       f"(rollback {rollbacks + 1} of {max_rollbacks}, lr x{new:g})")
         why = where if healthy is None else f"all {max_rollbacks} rollbacks used; {where}"
         return Decision("stop", healthy, scale, f"{what}; stopping ({why})")
-    return Decision("stop", healthy, scale, f"{what}; stopping on {where}")
+    return Decision("stop", healthy, scale, f"{what}; stopping ({where})")
 
 
 def _num(x: float) -> float | str:

@@ -168,7 +168,7 @@ def test_rollback_scales_the_learning_rate_until_max_rollbacks_then_stops():
     assert (third.action, third.checkpoint, third.lr_scale) == ("stop", 30, 0.25)
     assert "all 2 rollbacks used" in third.reason
     no_ckpt = decide([sig(5)], ckpts, "rollback", 0, 2, 0.5)
-    assert (no_ckpt.action, no_ckpt.checkpoint) == ("stop", None) and "no checkpoint before it" in no_ckpt.reason
+    assert (no_ckpt.action, no_ckpt.checkpoint) == ("stop", None) and "no checkpoint before the onset" in no_ckpt.reason
     assert decide([sig(35)], ckpts, "warn", 0, 2, 0.5).action == "warn"
     assert decide([], ckpts, "rollback", 0, 2, 0.5).action == "none"
     assert decide([sig(35)], ckpts, "off", 0, 2, 0.5).action == "none"
