@@ -15,90 +15,12 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import multiprocessing as mp
-import tempfile
 from concurrent.futures import ProcessPoolExecutor
-from functools import lru_cache
 from pathlib import Path
 
-import numpy as np
-
-from arena_envs.alfworld_env.engine import make_engine, planner_plan
-from arena_envs.alfworld_env.games import (
-    DATA_DIR,
-    OFFICIAL_SIZES,
-    GeneratedGames,
-    game_logic,
-    read_committed,
-    write_trial,
-)
-from arena_envs.alfworld_env.generator import TASK_TYPES, floor_plans, generate, load_scene, task_candidates
-
-#: split -> (floor plans, seed offset); valid_seen uses the train floor plans with other seeds.
-SPLITS = {"train": ("train", 0), "valid_seen": ("train", 1_000_000), "valid_unseen": ("unseen", 2_000_000)}
-#: Seeds tried per slot: slot k of a task type tries seeds offset + k * ATTEMPTS + 1 ... (disjoint per slot).
-ATTEMPTS = 100
-#: Slots committed per task type and split (the rest is generated on first use).
-COMMITTED_PER_TASK = 2
-PLANNER_TIMEOUT_S = 300.0
-
-
-def validate(game_file: str, engine, max_steps: int = 50) -> list[str] | None:
-    """The planner's plan if it is non-empty, at most ``max_steps`` long and wins on replay."""
-    engine.load(game_file)
-    state = engine.reset()
-    if state["won"]:
-        return None
-    plan = planner_plan(engine)
-    if not plan or len(plan) > max_steps:
-        return None
-    for command in plan:
-        if command not in state["admissible_commands"]:
-            return None
-        state, _, done = engine.step(command)
-    return plan if state["won"] else None
-
-
-def _validate_child(game_file: str, queue) -> None:
-    queue.put(validate(game_file, make_engine(expert=False)))
-
-
-def validate_bounded(game_file: str, timeout_s: float = PLANNER_TIMEOUT_S) -> list[str] | None:
-    """``validate`` in a child process; ``None`` if it does not finish within ``timeout_s``."""
-    ctx = mp.get_context("fork")
-    queue = ctx.Queue()
-    proc = ctx.Process(target=_validate_child, args=(game_file, queue), daemon=True)
-    proc.start()
-    try:
-        return queue.get(timeout=timeout_s)
-    except Exception:  # queue.Empty: the planner is still searching
-        return None
-    finally:
-        proc.kill()
-        proc.join()
-
-
-@lru_cache(maxsize=None)
-def scenes_for(floor_plan_split: str, task_type: str) -> tuple[int, ...]:
-    """Floor plans of a split that support ``task_type`` (e.g. heat needs a microwave)."""
-    return tuple(n for n in floor_plans(floor_plan_split) if task_candidates(load_scene(n), task_type))
-
-
-def build_game(split: str, task_type: str, k: int) -> dict:
-    """The validated game of slot (split, task type, k): ``{slot, problem, traj_data, walkthrough}``."""
-    scenes_name, offset = SPLITS[split]
-    scenes = scenes_for(scenes_name, task_type)
-    ti = list(TASK_TYPES.values()).index(task_type)
-    logic = game_logic()
-    with tempfile.TemporaryDirectory() as tmp:
-        for attempt in range(1, ATTEMPTS + 1):
-            seed = offset + k * ATTEMPTS + attempt
-            scene = scenes[np.random.default_rng([ti, seed]).integers(len(scenes))]
-            problem, traj_data = generate(scene, task_type, seed)
-            plan = validate_bounded(str(write_trial(Path(tmp) / str(seed), problem, traj_data, None, logic)))
-            if plan:
-                return {"slot": [task_type, k], "problem": problem, "traj_data": traj_data, "walkthrough": plan}
-    raise RuntimeError(f"ALFWorld {split} {task_type} slot {k}: no solvable game in {ATTEMPTS} seeds")
+from arena_envs.alfworld_env.games import DATA_DIR, OFFICIAL_SIZES, GeneratedGames, read_committed
+from arena_envs.alfworld_env.slots import COMMITTED_PER_TASK, SPLITS, build_game
+from arena_envs.alfworld_env.trial import write_trial
 
 
 def _slots(split: str, per_task: int | None) -> list[tuple[str, int]]:

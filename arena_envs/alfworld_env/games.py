@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from arena_envs.alfworld_env.generator import TASK_TYPES
+from arena_envs.alfworld_env.trial import write_trial
 
 DATA_DIR = Path(__file__).parent / "data"
 #: Split names -> split folder; the AlfredTWEnv names are aliases. Generated splits: train floor
@@ -27,34 +28,6 @@ SPLITS = {"train": "train", "valid_seen": "valid_seen", "valid_unseen": "valid_u
 def default_cache_dir() -> Path:
     root = os.environ.get("ARENA_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "arlarena")
     return Path(root) / "alfworld"
-
-
-def game_logic() -> tuple[str, str]:
-    """(domain, grammar template) shipped with the ``alfworld`` wheel."""
-    from alfworld.info import ALFRED_PDDL_PATH, ALFRED_TWL2_PATH
-
-    return Path(ALFRED_PDDL_PATH).read_text(), Path(ALFRED_TWL2_PATH).read_text()
-
-
-def task_sentence(traj_data: dict) -> str:
-    """The goal text ALFWorld puts into the grammar (templated, from the first annotation)."""
-    desc = traj_data["turk_annotations"]["anns"][0]["task_desc"]
-    return desc[0].lower() + desc[1:].rstrip(".")
-
-
-def write_trial(trial_dir: Path, problem: str, traj_data: dict, walkthrough: list[str] | None,
-                logic: tuple[str, str] | None = None) -> Path:
-    """Write a trial directory in the official layout; return the ``game.tw-pddl`` path."""
-    domain, grammar = logic or game_logic()
-    trial_dir.mkdir(parents=True, exist_ok=True)
-    game = {"pddl_domain": domain, "grammar": grammar.replace("UNKNOWN GOAL", task_sentence(traj_data)),
-            "pddl_problem": problem, "solvable": walkthrough is not None, "walkthrough": walkthrough or []}
-    (trial_dir / "initial_state.pddl").write_text(problem)
-    (trial_dir / "traj_data.json").write_text(json.dumps(traj_data, indent=1))
-    tmp = trial_dir / "game.tw-pddl.tmp"
-    tmp.write_text(json.dumps(game))
-    os.replace(tmp, trial_dir / "game.tw-pddl")  # atomic: concurrent workers never read half a file
-    return trial_dir / "game.tw-pddl"
 
 
 #: Games per task type of the official ``json_2.1.1`` splits (ALFWorld, Shridhar et al. 2021, table 1:
@@ -80,7 +53,7 @@ def read_committed(split: str) -> list[dict]:
 class GeneratedGames(Sequence):
     """The generated games of a split, sized like the official split; game ``i`` is a slot (task type, k).
 
-    A slot's game is deterministic (``build.build_game``: the first generated game that ALFWorld's planner
+    A slot's game is deterministic (``slots.build_game``: the first generated game that ALFWorld's planner
     solves). It is written to the cache on first use: from the committed records when the package ships
     it (all of ``valid_seen`` / ``valid_unseen``, the first game per task type of ``train``), otherwise generated and
     validated then (seconds per game; ``python -m arena_envs.alfworld_env.build --cache`` fills a cache ahead).
@@ -104,7 +77,7 @@ class GeneratedGames(Sequence):
         if not path.exists():
             rec = self.committed().get((task_type, k))
             if rec is None:
-                from arena_envs.alfworld_env.build import build_game
+                from arena_envs.alfworld_env.slots import build_game
 
                 rec = build_game(self.split, task_type, k)
             write_trial(path.parent, rec["problem"], rec["traj_data"], rec["walkthrough"])
