@@ -24,6 +24,7 @@ from collections.abc import Collection
 import numpy as np
 import torch
 
+from arena_train.kv_cache import cache_name
 from arena_train.logprob import token_logprobs
 from arena_train.rollout import Row
 from arena_train.sharding import is_sharded, lockstep_passes
@@ -152,14 +153,14 @@ def sequence_logprobs(model, batch: dict[str, torch.Tensor], temperature: float,
         if (model.training and _checkpointing(model)) or is_sharded(model):
             inputs = full_inputs(batch)
         else:
-            cache = model(input_ids=batch["prefix_ids"], use_cache=True, logits_to_keep=1).past_key_values
+            cache = getattr(model(input_ids=batch["prefix_ids"], use_cache=True, logits_to_keep=1), cache_name())
             cache.reorder_cache(batch["row_prefix"])  # (S, ...) -> (B, ...), differentiable indexing
-            inputs.update(past_key_values=cache)
+            inputs[cache_name()] = cache
     L = inputs["input_ids"].shape[1]
     # positions L-T-1 .. L-2 predict the T response tokens; asking the model for exactly those keeps the (B, T, V)
     # logits contiguous: no copy of them in the log-prob pass and no second one for their gradient
     keep = torch.arange(L - T - 1, L - 1, device=inputs["input_ids"].device)
-    logits = model(**inputs, logits_to_keep=keep, use_cache="past_key_values" in inputs).logits  # (B, T, V)
+    logits = model(**inputs, logits_to_keep=keep, use_cache=cache_name() in inputs).logits  # (B, T, V)
     logp, entropy = token_logprobs(logits, batch["response_ids"], temperature)
     return logp, entropy if with_entropy else None
 

@@ -93,3 +93,28 @@ def test_score_rows_fills_every_row_whatever_the_micro_batch(model):
         np.testing.assert_allclose(a.old_logp, b.old_logp, atol=1e-5)
         np.testing.assert_allclose(a.old_logp, reference_logprobs(model, a.prompt_ids, a.response_ids, 1.0).numpy(),
                                    atol=1e-5)
+
+
+def test_prefix_reuse_passes_no_deprecated_cache_argument(model, monkeypatch):
+    """transformers 5 warns on every forward given ``past_key_values`` (removed in 5.40): the shared-prefix pass,
+    forward and backward, runs with that warning turned into an error and still equals the plain pass."""
+    import warnings
+
+    import transformers.utils.generic as generic
+
+    def fail_on_cache_name(message, *args, **kwargs):
+        if "past_key_values" in str(message):
+            raise AssertionError(message)
+
+    monkeypatch.setattr(generic.logger, "warning_once", fail_on_cache_name)
+    prefix = list(range(30, 42))
+    rows = [row(prefix + [50 + k], [60 + k, 61]) for k in range(3)]  # one group sharing 12 prompt tokens
+    shared = make_batch(rows, 0, "cpu", share_prefix=True)
+    assert "prefix_ids" in shared
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*past_key_values.*")
+        logp, _ = sequence_logprobs(model, shared, 1.0)
+        logp.sum().backward()
+    with torch.no_grad():
+        plain, _ = sequence_logprobs(model, make_batch(rows, 0, "cpu"), 1.0)
+    torch.testing.assert_close(logp.detach(), plain, atol=1e-5, rtol=1e-5)
