@@ -2,7 +2,9 @@
 
 Rooms come from :mod:`arena_envs.sokoban_gen` (reverse play, seeded only from
 ``self.np_random``); each room's optimal solution length is known and bounded by the
-step limit, and :meth:`SokobanEnv.expert_action` follows an optimal BFS plan.
+step limit, and :meth:`SokobanEnv.expert_action` follows an optimal BFS plan. Imperfect teachers
+(:mod:`arena_envs.sokoban_teachers`, for behaviour-cloning data like real SFT data) are
+:meth:`SokobanEnv.teacher_plan`.
 
 Rewards per step: −0.1, +1 per box pushed onto a target, −1 per box pushed off one,
 +10 when every box is on a target (the episode then terminates). An action other than
@@ -23,6 +25,7 @@ import numpy as np
 
 from arena_envs.base import TextEnv
 from arena_envs.sokoban_gen import MOVES, TARGET, WALL, Room, State, generate_room, parse_layout, solve, step_state
+from arena_envs.sokoban_teachers import teacher_plan, wait_action
 from arena_envs.splits import check_split, draw_in_split
 
 ACTIONS = list(MOVES)  # ["up", "down", "left", "right"]
@@ -162,6 +165,15 @@ class SokobanEnv(TextEnv):
         action = self._plan.pop(0)
         self._plan_state = step_state(self._free, self._room.width, self._state, action)[0]
         return action
+
+    def teacher_plan(self, teacher: str, horizon: int = 4) -> tuple[str, list[str]]:
+        """(next action, the first ``horizon`` moves of its plan) of a teacher of
+        :mod:`arena_envs.sokoban_teachers`; a stuck teacher's plan is empty and its action a wall bump."""
+        if self._room is None:
+            return ACTIONS[0], []
+        plan = teacher_plan(teacher, self._free, self._targets, self._room.width, self._state, max(horizon, 1))
+        action = plan[0] if plan else wait_action(self._free, self._room.width, self._state)
+        return action, plan[:horizon]
 
     def anchor_key(self, obs: str) -> str:
         """The grid text itself: identical grids are identical states."""

@@ -1,4 +1,4 @@
-"""Behaviour cloning pieces shared by ``algos/sft.py`` and ``eval.mini_arena``: the noisy expert's data, the
+"""Behaviour cloning pieces shared by ``algos/sft.py`` and ``eval.mini_arena``: a noisy teacher's data, the
 response-only loss, the learning-rate schedule, greedy validation and the saved model folder."""
 
 from __future__ import annotations
@@ -24,19 +24,27 @@ Example = tuple[list[dict[str, str]], str]  # (chat messages, expert response te
 
 
 def collect_expert_data(env_fn: Callable, num_episodes: int, max_turns: int, random_action_prob: float,
-                        think: str, seed: int) -> list[Example]:
-    """(chat messages, expert response) for every state the noisy expert visits on task seeds 0..N-1: it executes
-    a random admissible action with probability ``random_action_prob`` (recovery states get labelled too)."""
+                        think: str, seed: int, teacher: str = "expert", think_horizon: int = 0) -> list[Example]:
+    """(chat messages, teacher response) for every state the noisy teacher visits on task seeds 0..N-1: it executes
+    a random admissible action with probability ``random_action_prob`` (recovery states get labelled too).
+
+    ``teacher="expert"`` labels with the env's ``expert_action()`` and puts ``think`` in every ``<think>``; any other
+    name is a teacher of the env's ``teacher_plan`` (Sokoban: ``arena_envs.sokoban_teachers``), whose ``<think>``
+    holds its plan of its next ``think_horizon`` moves (0: ``think``), so response lengths vary with the plan."""
     from wrappers import format_response
 
     env, rng, data = env_fn(), random.Random(seed), []
     for task_seed in range(num_episodes):
         _, info = env.reset(seed=task_seed)
         for _ in range(max_turns):
-            expert = env.unwrapped.expert_action()
-            data.append((info["messages"], format_response(expert, think)))
-            actions = info.get("admissible_actions") or [expert]
-            executed = rng.choice(actions) if rng.random() < random_action_prob else expert
+            if teacher == "expert":
+                label, text = env.unwrapped.expert_action(), think
+            else:
+                label, plan = env.unwrapped.teacher_plan(teacher, think_horizon)
+                text = " ".join(plan) if think_horizon > 0 else think
+            data.append((info["messages"], format_response(label, text)))
+            actions = info.get("admissible_actions") or [label]
+            executed = rng.choice(actions) if rng.random() < random_action_prob else label
             _, _, terminated, truncated, info = env.step(format_response(executed, think))
             if terminated or truncated:
                 break

@@ -56,3 +56,22 @@ def test_validation_success_is_a_rate_and_deterministic(hf):
     config = RolloutConfig(max_turns=2, max_prompt_tokens=512, max_response_tokens=6)
     first = validation_success(model, tokenizer, make_env, 2, config)
     assert 0.0 <= first <= 1.0 and first == validation_success(model, tokenizer, make_env, 2, config)
+
+
+def test_teacher_data_writes_its_plan_in_think():
+    from arena_train.bc import collect_expert_data
+    from wrappers import format_response, parse_response
+
+    def make_env():
+        return wrappers.make_env("ARL/Sokoban-Mini-v0", history_length=0, prompt_style="compact")
+
+    data = collect_expert_data(make_env, 8, 10, 0.2, "", seed=1, teacher="greedy", think_horizon=4)
+    plans = []
+    for _, response in data:
+        parsed = parse_response(response)
+        plan = parsed.think.split()
+        assert parsed.format_ok and len(plan) <= 4 and (not plan or plan[0] == parsed.action)
+        plans.append(len(plan))
+    assert len(set(plans)) >= 3  # responses of varying length
+    flat = collect_expert_data(make_env, 8, 10, 0.2, "", seed=1, teacher="greedy", think_horizon=0)
+    assert [r for _, r in flat] == [format_response(parse_response(r).action) for _, r in data]

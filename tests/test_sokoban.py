@@ -154,3 +154,68 @@ def test_expert_in_a_deadlock_still_returns_an_action():
     env = SokobanEnv()
     env.reset(seed=0, options={"layout": "#####\n#X_O#\n#P__#\n#####"})
     assert env.expert_action() in MOVES
+
+
+# --- teachers (arena_envs.sokoban_teachers) -------------------------------------------------
+AROUND_THE_BOX = """\
+#######
+#_____#
+#O_PX_#
+#######"""  # pushing left needs the player behind the box: a walk around it
+PUSH_UP = "#####\n#_O_#\n#_X_#\n#_P_#\n#####"
+
+
+def play_teacher(env: SokobanEnv, teacher: str) -> tuple[bool, list[str]]:
+    moves = []
+    for _ in range(10):
+        action, plan = env.teacher_plan(teacher, horizon=4)
+        assert len(plan) <= 4 and (not plan or plan[0] == action) and action in MOVES
+        moves.append(action)
+        if env.step(action)[2]:
+            return True, moves
+    return False, moves
+
+
+def test_teachers_mistakes_are_their_blind_spots():
+    env = SokobanEnv(render_style="compact")
+    env.reset(seed=0, options={"layout": AROUND_THE_BOX})
+    assert env.teacher_plan("optimal", 8) == ("up", ["up", "right", "right", "down", "left", "left", "left"])
+    assert env.teacher_plan("greedy") == ("down", [])  # stuck: no straight step to the push position; waits
+    assert play_teacher(env, "greedy") == (False, ["down"] * 10)
+    env.reset(seed=0, options={"layout": AROUND_THE_BOX})
+    assert play_teacher(env, "no-up-push")[0]
+    env.reset(seed=0, options={"layout": PUSH_UP})
+    assert env.teacher_plan("no-up-push") == ("down", [])  # the only solution pushes up: its blind spot
+    assert env.teacher_plan("greedy") == ("up", ["up"]) and play_teacher(env, "greedy") == (True, ["up"])
+    with pytest.raises(ValueError, match="unknown teacher"):
+        env.teacher_plan("oracle")
+
+
+def test_greedy_plans_are_its_future_moves_and_no_up_push_never_pushes_up():
+    env = gym.make("ARL/Sokoban-Mini-v0").unwrapped
+    for seed in range(40):
+        env.reset(seed=seed)
+        _, plan = env.teacher_plan("greedy", horizon=4)
+        for move in plan:  # the greedy teacher is memoryless: its plan is what it then does
+            assert env.teacher_plan("greedy", horizon=4)[0] == move
+            env.step(move)
+        env.reset(seed=seed)
+        for _ in range(10):
+            action, _ = env.teacher_plan("no-up-push")
+            boxes = env._state[1]
+            _, _, done, _, _ = env.step(action)
+            assert action != "up" or env._state[1] == boxes
+            if done:
+                break
+
+
+def test_imperfect_teachers_solve_part_of_the_held_out_rooms():
+    env = gym.make("ARL/Sokoban-Mini-v0", split="test").unwrapped
+    rate = {}
+    for teacher in ("optimal", "greedy", "no-up-push"):
+        wins = []
+        for seed in range(60):
+            env.reset(seed=seed)
+            wins.append(play_teacher(env, teacher)[0])
+        rate[teacher] = np.mean(wins)
+    assert rate["optimal"] == 1.0 and 0.4 < rate["greedy"] < 0.85 and 0.5 < rate["no-up-push"] < 0.95
