@@ -78,8 +78,10 @@ def args_problem(args: Any) -> str | None:
     problem = range_problem(args)
     if problem is None and getattr(args, "resume_fallback", False) and not getattr(args, "resume", False):
         problem = "error: --resume-fallback applies to --resume: give both"
-    if problem is None and getattr(args, "env_id", None) is not None:
-        problem = env_id_problem(args.env_id)
+    if problem is None and getattr(args, "env_id", None) is not None:  # one id, or a mixture (arena_train.mixture)
+        from arena_train.mixture import mixture_problem
+
+        problem = mixture_problem(args.env_id, getattr(args, "env_weights", None))
     if problem is None and hasattr(args, "method_problem"):  # a method's own combinations (its Args block)
         problem = args.method_problem()
     if problem is None and getattr(args, "rollout_backend", None) == "vllm":
@@ -130,11 +132,14 @@ def split_passthrough(argv: Sequence[str], flag: str) -> tuple[list[str], list[s
 
 def env_defaults(cls: type, gpu_profile: dict[str, Any], parsed: Any) -> dict[str, Any]:
     """The chosen env's recipe (``arena_envs.env_recipe``: turn limit, prompt length) for the fields of ``cls``
-    that the profile table does not set; flags still win, as the caller parses again with these defaults."""
+    that the profile table does not set; flags still win, as the caller parses again with these defaults. A
+    mixture (several ids) gets the largest value of its envs' recipes, and each env its own
+    (``arena_train.mixture``)."""
     from arena_envs import env_recipe
 
     names = {f.name for f in dataclasses.fields(cls)}
     env_id = getattr(parsed, "env_id", None)
-    recipe = env_recipe(env_id) if env_id else {}
+    recipes = [env_recipe(e) for e in ([env_id] if isinstance(env_id, str) else env_id or [])]
+    recipe = {k: max(r[k] for r in recipes) for k in recipes[0] if all(k in r for r in recipes)} if recipes else {}
     return {k: v for k, v in recipe.items() if k in names and k not in gpu_profile}
 

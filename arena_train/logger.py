@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -114,3 +115,36 @@ def iteration_metrics(accelerator, *, episodes: list, rows: list, stats: dict[st
         "perf/time_score_s": stats["time_score"],
     })
     return out
+
+
+def pooled_means(accelerator, values: dict[str, list[float]], sums: Collection[str] = ()) -> dict[str, float]:
+    """``global_mean`` of every list of ``values`` (``global_sum`` for the keys in ``sums``) in one reduction of
+    (sum, count) pairs; every process must pass the same keys in the same order, empty lists included."""
+    import torch
+
+    t = torch.tensor([[float(np.sum(v)) if v else 0.0, float(len(v))] for v in values.values()],
+                     dtype=torch.float64, device=accelerator.device).reshape(-1, 2)
+    totals = accelerator.reduce(t, reduction="sum").tolist()
+    return {key: total if key in sums else (total / count if count else float("nan"))
+            for key, (total, count) in zip(values, totals)}
+
+
+def env_metrics(accelerator, names: Sequence[str], *, episodes: list, rows: list) -> dict[str, float]:
+    """``env/<name>/...`` for every env of a mixture (``arena_train.mixture``; rows and episodes carry ``env``):
+    the per-env counterparts of ``iteration_metrics``' ``rollout/*`` (docs/metrics.md), pooled over the processes.
+    An env with no episode this iteration logs nan (``num_rows`` 0)."""
+    values: dict[str, list[float]] = {}
+    for name in names:
+        mine = [e for e in episodes if e.env == name]
+        own = [r for r in rows if r.env == name]
+        values.update({
+            f"env/{name}/success_rate": [float(e.won) for e in mine],
+            f"env/{name}/episode_return": [e.env_return for e in mine],
+            f"env/{name}/episode_length": [float(e.length) for e in mine],
+            f"env/{name}/valid_format_ratio": [float(r.format_ok) for r in own],
+            f"env/{name}/valid_action_ratio": [float(r.action_is_valid) for r in own],
+            f"env/{name}/response_length": [float(len(r.response_ids)) for r in own],
+            f"env/{name}/advantage_abs": [float(np.mean(np.abs(r.advantage))) for r in own],
+            f"env/{name}/num_rows": [1.0] * len(own),
+        })
+    return pooled_means(accelerator, values, sums=[f"env/{name}/num_rows" for name in names])

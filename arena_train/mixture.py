@@ -1,0 +1,292 @@
+"""Several environments in one run: ``--env-id ARL/Sokoban-Mini-v0 ARL/WebShop-v0 --env-weights 0.5 0.5``.
+
+A ``Mixture`` is the run's env ids and their sampling weights; ``MixtureRollout`` holds this process's group
+rollouts of every env and collects an iteration's rows and its held-out evaluation.
+
+* Allocation: each iteration draws its ``num_groups`` groups (over all processes) from the envs by weight, the
+  same on every process: env ``k`` gets ``floor(num_groups * w_k)`` groups plus one more with probability equal to
+  the fractional part (systematic sampling over the fractional parts with one uniform draw seeded by (seed,
+  iteration, attempt)). The counts are exact in expectation (``num_groups * w_k``), never more than one group away
+  from it, and an env with weight > 0 gets groups over time however small its share; a weight of 0 is never
+  drawn (the env is still evaluated: a held-out transfer env). The groups are laid out env by env and process
+  ``rank`` takes every ``world``-th one, like ``task_seeds``; the task seeds are ``task_seeds``' own, so a
+  single id rolls out exactly the groups it rolled out before mixtures existed.
+* A group never mixes envs: each env is played by its own ``GroupRollout`` and each env's rows get group and
+  episode ids in their own range (``collect``), so every method that groups by ``row.group`` (GRPO groups,
+  GiGPO anchor groups, dynamic sampling) never groups across envs. Rows and episodes carry their env's short name
+  (``EnvRow.env``, ``EnvEpisode.env``) for the per-env metrics (``arena_train.logger.env_metrics``).
+* Per-env budgets: when a run's ``--max-turns`` / ``--max-prompt-tokens`` is the largest recipe value of its envs
+  (``arena_envs.env_recipe``; what ``--profile gpu`` sets for a mixture), each env takes its own recipe value;
+  any other value (the cpu-tiny default, or a flag) applies to every env. An env's registered step limit ends its
+  episodes anyway, so a larger turn budget never lengthens them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from arena_train.rollout import (
+    RolloutConfig,
+    Row,
+    collect_rows,
+    eval_split_of,
+    held_out_seeds,
+    require_prompt_fits,
+    task_seeds,
+)
+from wrappers.groups import EpisodeStats, GroupRollout
+
+#: Stream id of the allocation's random draw (kept apart from ``task_seeds``' stream of the same key).
+_ALLOCATION_STREAM = 7
+#: The per-env budget fields (``RolloutConfig`` and ``arena_envs.env_recipe`` names).
+BUDGET_FIELDS = ("max_turns", "max_prompt_tokens")
+
+
+def env_name(env_id: str) -> str:
+    """Short name of an env id in metric names: namespace, module and version dropped (ARL/WebShop-v0 -> WebShop)."""
+    return re.sub(r"-v\d+$", "", env_id.split(":")[-1].split("/")[-1])
+
+
+def as_env_ids(env_id: str | Sequence[str]) -> list[str]:
+    """``--env-id`` as a list (a plain string is one id)."""
+    return [env_id] if isinstance(env_id, str) else list(env_id)
+
+
+def mixture_problem(env_id: str | Sequence[str], env_weights: Sequence[float] | None = None,
+                    check_registry: bool = True) -> str | None:
+    """Why ``--env-id`` / ``--env-weights`` cannot make a mixture (one line that says what to do), or None."""
+    from arena_train.cli import env_id_problem
+
+    ids = as_env_ids(env_id)
+    if not ids:
+        return "error: --env-id needs at least one env id"
+    for i, a in enumerate(ids):
+        for b in ids[:i]:
+            if a == b:
+                return f"error: --env-id lists {a} twice; give each env once and weigh it with --env-weights"
+            if env_name(a) == env_name(b):
+                return f"error: --env-id {b} and {a} share the metric name {env_name(a)!r}; mix only one of them"
+    if env_weights is not None:
+        if len(env_weights) != len(ids):
+            return (f"error: --env-weights has {len(env_weights)} values for {len(ids)} --env-id ids; give one weight "
+                    f"per id")
+        if any(not math.isfinite(w) or w < 0 for w in env_weights):
+            return f"error: --env-weights must be finite and >= 0 (got {' '.join(map(str, env_weights))})"
+        if sum(env_weights) <= 0:
+            return "error: --env-weights must not all be 0"
+    if check_registry:
+        return next((p for p in map(env_id_problem, ids) if p is not None), None)
+    return None
+
+
+@dataclass(frozen=True)
+class Mixture:
+    """The envs of a run and their sampling weights (normalised to sum 1); one id is a mixture of one."""
+
+    env_ids: tuple[str, ...]
+    weights: tuple[float, ...]
+
+    @classmethod
+    def parse(cls, env_id: str | Sequence[str], env_weights: Sequence[float] | None = None,
+              check_registry: bool = True) -> Mixture:
+        """The mixture of ``--env-id`` and ``--env-weights`` (default: equal weights); a problem is a one-line
+        ``SystemExit`` (``mixture_problem``)."""
+        problem = mixture_problem(env_id, env_weights, check_registry)
+        if problem is not None:
+            raise SystemExit(problem)
+        ids = as_env_ids(env_id)
+        raw = [1.0] * len(ids) if env_weights is None else [float(w) for w in env_weights]
+        return cls(tuple(ids), tuple(w / sum(raw) for w in raw))
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The envs' short names (``env/<name>/...`` metrics)."""
+        return tuple(env_name(e) for e in self.env_ids)
+
+    @property
+    def label(self) -> str:
+        """The envs in a run name: ``ARL_Sokoban-Mini-v0`` for one id (as before mixtures), ids joined by '+'."""
+        return "+".join(e.replace("/", "_") for e in self.env_ids)
+
+    def allocate(self, num_groups: int, seed: int, iteration: int, attempt: int = 0) -> list[int]:
+        """The env index of each of an iteration's ``num_groups`` groups over all processes, env by env
+        (systematic sampling of the fractional parts; see the module docstring). No random draw for one env."""
+        expected = num_groups * np.asarray(self.weights)
+        counts = np.floor(expected).astype(np.int64)
+        remainder = num_groups - int(counts.sum())
+        if remainder > 0:
+            bounds = np.cumsum(expected - counts)
+            bounds[-1] = remainder  # the fractional parts sum to the remainder; no rounding error past the end
+            u = np.random.default_rng([seed, iteration, attempt, _ALLOCATION_STREAM]).random()
+            np.add.at(counts, np.searchsorted(bounds, u + np.arange(remainder), side="right"), 1)
+        return [k for k, n in enumerate(counts.tolist()) for _ in range(n)]
+
+    def task_seeds(self, seed: int, iteration: int, num_groups: int, rank: int, world: int,
+                   attempt: int = 0) -> list[tuple[int, int]]:
+        """(env index, task seed) of this process's groups: ``allocate``'s envs and ``rollout.task_seeds``'
+        seeds, both sliced ``[rank::world]`` (one env: exactly ``task_seeds``)."""
+        envs = self.allocate(num_groups, seed, iteration, attempt)[rank::world]
+        return list(zip(envs, task_seeds(seed, iteration, num_groups, rank, world, attempt)))
+
+    def rollout_config(self, index: int, base: RolloutConfig) -> RolloutConfig:
+        """``base`` with env ``index``'s own turn and prompt budgets where ``base`` holds the largest recipe value
+        of the mixture's envs; any other value of ``base`` applies to every env (module docstring)."""
+        from arena_envs import env_recipe
+
+        recipes = [env_recipe(e) for e in self.env_ids]
+        own = {}
+        for key in BUDGET_FIELDS:
+            values = [r.get(key) for r in recipes]
+            if None not in values and getattr(base, key) == max(values):
+                own[key] = values[index]
+        return replace(base, **own)
+
+    def record(self) -> dict[str, Any]:
+        """What ``args.json`` holds of the mixture (the ``--env-id`` / ``--env-weights`` fields)."""
+        return {"env_id": list(self.env_ids), "env_weights": list(self.weights)}
+
+    def differs_from(self, saved: Mixture) -> str | None:
+        """How this mixture differs from ``saved`` (ids or normalised weights), as part of a sentence, or None."""
+        if saved.env_ids != self.env_ids:
+            return f"it trains on --env-id {' '.join(saved.env_ids)}, not {' '.join(self.env_ids)}"
+        if not np.allclose(saved.weights, self.weights, rtol=0, atol=1e-9):
+            def text(ws):
+                return " ".join(f"{w:g}" for w in ws)
+            return f"its --env-weights are {text(saved.weights)} (normalised), not {text(self.weights)}"
+        return None
+
+
+def resume_problem(run_dir: Path, mixture: Mixture) -> str | None:
+    """Why ``--resume`` of ``run_dir`` with ``mixture`` would continue a different mixture (one line that says what
+    to do), or None. The run's mixture is read from its ``args.json`` (a run from before mixtures has one id)."""
+    try:
+        config = json.loads((run_dir / "args.json").read_text())
+    except (OSError, ValueError):
+        return None  # nothing recorded: nothing to compare
+    if not isinstance(config, dict) or config.get("env_id") is None:
+        return None
+    saved = Mixture.parse(config["env_id"], config.get("env_weights"), check_registry=False)
+    difference = mixture.differs_from(saved)
+    if difference is None:
+        return None
+    return (f"error: cannot resume {run_dir}: {difference}; pass the run's own --env-id and --env-weights to continue "
+            f"it, or --overwrite (or another --run-name) to train the new mixture from the start")
+
+
+def check_resume(accelerator, run_dir: Path, mixture: Mixture) -> None:
+    """``resume_problem`` on the main process, a one-line ``SystemExit`` on every process; call before the
+    metrics logger rewrites ``args.json``."""
+    from accelerate.utils import broadcast_object_list
+
+    problem: list[str | None] = [resume_problem(run_dir, mixture) if accelerator.is_main_process else None]
+    if accelerator.num_processes > 1:
+        broadcast_object_list(problem)
+    if problem[0] is not None:
+        raise SystemExit(problem[0] if accelerator.is_main_process else 1)
+
+
+@dataclass
+class EnvRow(Row):
+    """A ``Row`` tagged with its env's short name."""
+
+    env: str = ""
+
+
+@dataclass
+class EnvEpisode(EpisodeStats):
+    """A ``wrappers.EpisodeStats`` tagged with its env's short name."""
+
+    env: str = ""
+
+
+def _tagged(cls, record, **values):
+    """A copy of the dataclass ``record`` as ``cls`` (its subclass), with ``values`` set."""
+    return cls(**{**{f.name: getattr(record, f.name) for f in fields(record)}, **values})
+
+
+class MixtureRollout:
+    """This process's group rollouts of every env of ``mixture``: ``num_groups`` (this process's groups per
+    iteration) x ``group_size`` training episodes at most per env, and ``eval_episodes`` (this process's share)
+    held-out episodes per env. ``make_env(env_id, split)`` builds one wrapped env.
+
+    The training envs of an env are made when an iteration first draws that many of its groups (for one id:
+    all of them here, as ``GroupRollout`` did) and reused afterwards."""
+
+    def __init__(self, mixture: Mixture, make_env: Callable[[str, str], Any], num_groups: int, group_size: int,
+                 eval_episodes: int, eval_split: str | None = None):
+        self.mixture, self.make_env = mixture, make_env
+        self.num_groups, self.group_size = num_groups, group_size
+        self._pools: list[list[Any]] = [[] for _ in mixture.env_ids]
+        self._rollouts: dict[tuple[int, int], GroupRollout] = {}
+        splits = [eval_split_of(e, eval_split) for e in mixture.env_ids]  # never 'train'
+        if len(mixture.env_ids) == 1:
+            self.rollout(0, num_groups)
+        self.eval_rollouts = [GroupRollout(lambda e=e, s=s: make_env(e, s), eval_episodes, 1)
+                              for e, s in zip(mixture.env_ids, splits)]
+
+    def rollout(self, index: int, num_groups: int) -> GroupRollout:
+        """A ``GroupRollout`` of ``num_groups`` groups of env ``index`` (made envs are reused)."""
+        key = (index, num_groups)
+        if key not in self._rollouts:
+            pool, env_id = self._pools[index], self.mixture.env_ids[index]
+            while len(pool) < num_groups * self.group_size:
+                pool.append(self.make_env(env_id, "train"))
+            envs = iter(pool)
+            self._rollouts[key] = GroupRollout(lambda: next(envs), num_groups, self.group_size)
+        return self._rollouts[key]
+
+    def require_prompts_fit(self, tokenizer, config: RolloutConfig, seed: int) -> None:
+        """``rollout.require_prompt_fits`` for every env with its own prompt budget."""
+        for k in range(len(self.mixture.env_ids)):
+            env = self.rollout(k, 1).envs[0] if not self._pools[k] else self._pools[k][0]
+            require_prompt_fits(tokenizer, env, self.mixture.rollout_config(k, config).max_prompt_tokens, seed=seed)
+
+    def collect(self, backend, tokenizer, tasks: list[tuple[int, int]], config: RolloutConfig,
+                stats: dict[str, float], greedy: bool = False, id_offset: int = 0
+                ) -> tuple[list[EnvRow], list[EnvEpisode]]:
+        """``collect_rows`` of the (env index, task seed) groups ``tasks`` (``Mixture.task_seeds``): one call per
+        env that has groups, in env order, with that env's budgets (``Mixture.rollout_config``). Env ``k``'s
+        group and episode ids start at ``id_offset`` plus the episodes of the envs before it, so ids stay unique
+        over the envs and stay below ``id_offset + len(tasks) * group_size`` (a resampling loop passes
+        ``id_offset = attempt * len(tasks) * group_size``). Episodes carry the ids of their rows."""
+        rows: list[EnvRow] = []
+        episodes: list[EnvEpisode] = []
+        offset = id_offset
+        for k, name in enumerate(self.mixture.names):
+            seeds = [s for env, s in tasks if env == k]
+            if not seeds:
+                continue
+            env_rows, env_episodes = collect_rows(backend, tokenizer, self.rollout(k, len(seeds)), seeds,
+                                                  self.mixture.rollout_config(k, config), stats, greedy, offset)
+            rows += [_tagged(EnvRow, r, env=name) for r in env_rows]
+            episodes += [_tagged(EnvEpisode, e, env=name, episode=e.episode + offset, group=e.group + offset)
+                         for e in env_episodes]
+            offset += len(seeds) * self.group_size
+        return rows, episodes
+
+    def evaluate(self, accelerator, backend, tokenizer, config: RolloutConfig, eval_episodes: int, rank: int,
+                 world: int, greedy: bool = False) -> dict[str, float]:
+        """Held-out evaluation of every env on its ``held_out_seeds``: ``eval/success_rate`` over all envs' episodes
+        (every env plays as many) and, for two envs or more, ``eval/<name>/success_rate``; pooled over processes."""
+        from arena_train.dist import global_mean
+        from arena_train.logger import pooled_means
+
+        seeds = held_out_seeds(eval_episodes, rank, world)
+        wins: dict[str, list[float]] = {}
+        for k, name in enumerate(self.mixture.names):
+            _, held_out = collect_rows(backend, tokenizer, self.eval_rollouts[k], seeds,
+                                       self.mixture.rollout_config(k, config), defaultdict(float), greedy=greedy)
+            wins[f"eval/{name}/success_rate"] = [float(e.won) for e in held_out]
+        out = {"eval/success_rate": global_mean(accelerator, [w for ws in wins.values() for w in ws])}
+        if len(wins) > 1:
+            out.update(pooled_means(accelerator, wins))
+        return out
