@@ -47,6 +47,7 @@ from arena_train.dist import global_mean, param_sync_error
 from arena_train.logger import MetricsLogger, iteration_metrics
 from arena_train.memory import print_run_plan
 from arena_train.models import BC_CHECKPOINT, load_policy_and_reference, resolve_policy_path
+from arena_train.monitor import CollapseConfig, CollapseMonitor, checkpoints_to_keep, restore_healthy
 from arena_train.rollout import (
     VAL_TEMPERATURE,
     VAL_TOP_K,
@@ -59,6 +60,7 @@ from arena_train.rollout import (
     require_prompt_fits,
     task_seeds,
 )
+from arena_train.rollout_is import mismatch_stats, rollout_is_weights
 from arena_train.run_dir import prepare_run_dir
 from arena_train.sharding import (
     make_accelerator,
@@ -192,6 +194,55 @@ class Args:
     """also log to Weights & Biases"""
     wandb_project: str = "arlarena"
     """W&B project"""
+    # the in-run collapse alarm (arena_train.monitor, docs/evaluation.md "The in-run alarm")
+    on_collapse: Literal["off", "warn", "stop", "rollback"] = "warn"
+    """off: no monitoring; warn: log the alarm; stop: end the run on its last healthy checkpoint; rollback: go back
+    to that checkpoint with a smaller learning rate (stop once max_rollbacks are used)"""
+    rollback_lr_scale: float = 0.5
+    """each rollback multiplies the learning rate by this"""
+    max_rollbacks: int = 2
+    """rollbacks allowed per run; the next alarm stops the run"""
+    collapse_warmup: int = 5
+    """iterations after the start (or a rollback) in which statistics are collected and nothing but a
+    non-finite value fires"""
+    collapse_success_drop: float = 0.5
+    """success_drop / eval_drop fire when success < this fraction of its running best ..."""
+    collapse_success_window: int = 10
+    """... rollout success averaged over this many iterations (one batch of 64 episodes is too noisy) ..."""
+    collapse_success_patience: int = 3
+    """... for this many consecutive iterations ..."""
+    collapse_success_min_peak: float = 0.2
+    """... once that best is at least this (below it, halving is noise, not a collapse)"""
+    collapse_eval_window: int = 3
+    """held-out success (eval/success_rate) averaged over this many evaluations ..."""
+    collapse_eval_patience: int = 2
+    """... below success_drop x its best for this many consecutive evaluations"""
+    collapse_patience: int = 2
+    """consecutive iterations a grad_spike, entropy, kl_blowup, format_drop, action_drop or mismatch condition
+    must hold (a single outlier batch is clipped and survived)"""
+    collapse_window: int = 50
+    """running medians (grad norm, entropy, KL) use at most this many previous finite values ..."""
+    collapse_min_history: int = 5
+    """... and need this many"""
+    collapse_grad_factor: float = 10.0
+    """grad_spike: gradient norm > this x its running median"""
+    collapse_entropy_factor: float = 4.0
+    """entropy: above this x, or below 1/this x, its running median (explosion or collapse)"""
+    collapse_kl_factor: float = 10.0
+    """kl_blowup: KL to the reference > max(kl_floor, this x its running median)"""
+    collapse_kl_floor: float = 0.1
+    """KL starts near 0, where a ratio alone fires on noise"""
+    collapse_ratio_drop: float = 0.5
+    """format_drop / action_drop: valid-format / valid-action ratio < this x its running best ..."""
+    collapse_ratio_min_peak: float = 0.5
+    """... once that best is at least this (never having the format is not learning it, not a collapse)"""
+    collapse_mismatch_max: float = 0.05
+    """mismatch: mean |p_rollout - p_train| of the sampled tokens (rollout_is/prob_diff_mean) above this"""
+    rollout_is: Literal["none", "tis", "mis"] = "none"
+    """rollout/trainer mismatch correction: the trainer rescores every row and weights each token's policy loss by
+    p_train/p_rollout, truncated at the cap (tis) or 0 above it (mis); none: the rollout's log-probs are the old ones"""
+    rollout_is_cap: float = 2.0
+    """cap (>= 1) of the rollout importance weights"""
     # ALGO LOGIC: algorithm hyper-parameters
     clip_ratio_low: float = 0.2
     """PPO clip epsilon below 1"""
@@ -445,8 +496,8 @@ def seq_mask(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tenso
 
 def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
                 clip_low: float = 0.2, clip_high: float = 0.2, clip_c: float = 3.0, agg_mode: str = "token-mean",
-                seq_mask_delta: float | None = None,
-                counts: dict[str, float] | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                seq_mask_delta: float | None = None, counts: dict[str, float] | None = None,
+                is_weights: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO clipped surrogate with dual clip (verl 'vanilla', §3.2); all tensors (B, T).
 
     Returns the aggregated loss and detached metrics: clipfrac_upper (A>0, r>1+eps_high),
@@ -473,6 +524,8 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
             "approx_kl": masked_mean(-log_ratio, mask),
             "masked_seqs": masked.sum().float(),
         }
+    if is_weights is not None:  # rollout/trainer importance weights (detached)
+        loss_mat = loss_mat * is_weights
     return agg_loss(loss_mat, mask, agg_mode, counts), metrics
 # END ALGO LOGIC
 
@@ -519,6 +572,12 @@ def main(args: Args) -> None:
         max_model_len=args.max_prompt_tokens + args.max_response_tokens, mixed_precision=args.mixed_precision,
         max_num_seqs=max(args.num_groups // world * args.group_size, args.eval_episodes // world),
         gpu_memory_utilization=args.vllm_gpu_memory_utilization)
+    if args.rollout_is != "none" and not getattr(backend, "score_rollouts", False):
+        raise SystemExit(f"error: --rollout-is {args.rollout_is} needs the rollout's own log-probs, which this "
+                         "rollout backend does not record; use --rollout-backend hf or --rollout-is none")
+    monitor = CollapseMonitor(CollapseConfig.from_flags(asdict(args)))  # its state travels in every checkpoint
+    accelerator.register_for_checkpointing(monitor)
+    keep = checkpoints_to_keep(monitor.config, args.checkpoint_every)  # a healthy one survives until an alarm
     start_iteration = 1 + (resume_latest(accelerator, run_dir, args.resume_fallback) if args.resume else 0)
     push_metrics = backend.push(accelerator.unwrap_model(policy))
     logger = MetricsLogger(run_dir, start_iteration, args.wandb_project if args.track else None, args.run_name,
@@ -563,7 +622,7 @@ def main(args: Args) -> None:
         # the first mini-batch's forward comes before any optimizer step: it gives its rows' old log-probs itself
         score_rows(policy, ref_model, rows, micro_batch_size=args.micro_batch_size, temperature=args.temperature,
                    pad_id=pad_id, device=device, stats=stats, skip_policy=first_minibatch(orders, n_minibatches),
-                   micro_batch_tokens=args.micro_batch_tokens)
+                   micro_batch_tokens=args.micro_batch_tokens, use_rollout_logp=args.rollout_is == "none")
         # ALGO LOGIC: scores and advantages of the rows (into `row.advantage`)
         scores = np.array([r.env_return - r.format_penalty for r in rows]) + overlong_penalty(
             np.array([len(r.response_ids) for r in rows]), args.max_response_tokens, args.overlong_penalty_factor)
@@ -588,6 +647,7 @@ def main(args: Args) -> None:
         policy.train()
         sums: dict[str, list[float]] = defaultdict(list)
         grad_norms, skipped, update_tokens = [], 0, 0
+        mismatch: dict[str, list[float]] = defaultdict(list)
         for order in orders:
             for mb_index in np.array_split(np.array(order, dtype=np.int64), n_minibatches):
                 mb_rows: list[Row] = [rows[j] for j in mb_index]  # may be empty here: this process still joins
@@ -621,11 +681,22 @@ def main(args: Args) -> None:
                         logp, entropy = sequence_logprobs(policy, batch, args.temperature)
                         fill_old_logp(batch, logp, micro_rows)  # the first mini-batch's rows (not scored)
                         mask = batch["mask"]
+                        is_weights = None  # rollout/trainer correction: per-token weights of the policy loss
+                        if args.rollout_is != "none":
+                            scored = mask * batch["has_rollout_logp"][:, None].to(mask.dtype)
+                            is_weights = torch.where(scored > 0, rollout_is_weights(
+                                batch["old_logp"], batch["rollout_logp"], scored, args.rollout_is, args.rollout_is_cap),
+                                torch.ones_like(mask))
+                            if micro_rows:
+                                for key, value in mismatch_stats(batch["old_logp"], batch["rollout_logp"],
+                                                                 scored).items():
+                                    mismatch[key].append(float(value))
                         # ALGO LOGIC: loss of one micro-batch (defines `loss` and `metrics`)
                         pg_loss, metrics = policy_loss(
                             logp, batch["old_logp"], batch["advantages"], mask, clip_low=args.clip_ratio_low,
                             clip_high=args.clip_ratio_high, clip_c=args.clip_ratio_c, agg_mode=args.loss_agg_mode,
-                            seq_mask_delta=args.seq_mask_delta if args.use_seq_mask else None, counts=pg_counts)
+                            seq_mask_delta=args.seq_mask_delta if args.use_seq_mask else None, counts=pg_counts,
+                            is_weights=is_weights)
                         kl_ref = agg_loss(kl_penalty(logp, batch["ref_logp"], args.kl_estimator), mask,
                                           args.loss_agg_mode, counts)
                         entropy_bonus = agg_loss(entropy, mask, args.loss_agg_mode, counts)
@@ -662,6 +733,11 @@ def main(args: Args) -> None:
                                         grad_norms=grad_norms, skipped=skipped, update_tokens=update_tokens,
                                         t_rollout=t_rollout, t_update=t_update, count_keys=COUNT_METRICS)
         metrics_out.update(push_metrics)
+        if args.rollout_is != "none":  # every process holds rows, so every process has values
+            for key, values in mismatch.items():
+                pooled = accelerator.gather(torch.tensor([max(values) if key.endswith("_max") else np.mean(values)],
+                                                         device=device))
+                metrics_out[f"rollout_is/{key}"] = float(pooled.max() if key.endswith("_max") else pooled.mean())
         # ALGO LOGIC: method-specific metrics into metrics_out (none for GRPO)
         from arena_train.dist import global_sum
         metrics_out["rollout/gen_batches"] = global_mean(accelerator, [stats["gen_batches"]])
@@ -673,16 +749,28 @@ def main(args: Args) -> None:
             _, held_out = collect_rows(backend, tokenizer, eval_rollout, seeds, evaluation, defaultdict(float),
                                        greedy=args.eval_greedy)
             metrics_out["eval/success_rate"] = global_mean(accelerator, [float(e.won) for e in held_out])
+        step = monitor.update(iteration, metrics_out)  # collapse signals; pooled metrics: one decision everywhere
+        metrics_out.update(step.metrics)
+        if step.message:
+            accelerator.print(step.message)
         if logger is not None:
             logger.log(iteration, metrics_out)
+        if step.decision.action in ("stop", "rollback"):  # back to the last healthy checkpoint, saved as this one
+            restored = restore_healthy(accelerator, run_dir, monitor, step.decision, iteration, optimizer, keep)
+            if step.decision.action == "stop" or restored is None:
+                break
+            push_metrics = backend.push(accelerator.unwrap_model(policy))
+            continue
         if (args.checkpoint_every > 0 and iteration % args.checkpoint_every == 0) or iteration == args.num_iterations:
-            save_checkpoint(accelerator, run_dir, iteration)
+            monitor.checkpointed(iteration)
+            save_checkpoint(accelerator, run_dir, iteration, keep)
 
     # ---- final model (a normal HF folder) and a cross-rank consistency check -----------------
     sync_error = param_sync_error(accelerator, policy)
     final = save_final_model(accelerator, policy, tokenizer, run_dir / "final")  # every process joins the gather
     if accelerator.is_main_process:
-        logger.close(summary={"world_size": world, "param_sync_error": sync_error, "final_model": str(final)})
+        logger.close(summary={"world_size": world, "param_sync_error": sync_error, "final_model": str(final),
+                              **monitor.summary()})
         accelerator.print(f"done: metrics in {run_dir / 'metrics.jsonl'}, model in {final}")
     backend.close()  # vLLM: after the last collective, before the process group ends
     accelerator.end_training()

@@ -62,8 +62,9 @@ def make_batch(rows: list[Row], pad_id: int, device: torch.device | str,
                share_prefix: bool = False) -> dict[str, torch.Tensor]:
     """Left-pad prompts and right-pad responses so all responses start at the same column P.
 
-    input_ids/attention_mask/position_ids: (B, P+T); response_ids, mask, old_logp, ref_logp, advantages: (B, T);
-    has_old_logp: (B,) bool (rows scored before the update).
+    input_ids/attention_mask/position_ids: (B, P+T); response_ids, mask, old_logp, ref_logp, rollout_logp,
+    advantages: (B, T); has_old_logp, has_rollout_logp: (B,) bool (rows scored before the update; rows whose
+    generation pass recorded its own log-probs).
     With ``share_prefix`` and groups that share a prompt prefix, the batch also holds prefix_ids (S, L) (one
     right-padded row per shared prefix) and row_prefix (B,) (its index per row); input_ids then hold only each
     row's prompt after its prefix, position_ids continue from the prefix, and attention_mask (B, L+P+T) covers
@@ -75,20 +76,21 @@ def make_batch(rows: list[Row], pad_id: int, device: torch.device | str,
     B = len(rows)
     input_ids = torch.full((B, P + T), pad_id, dtype=torch.long)
     attn = torch.zeros((B, P + T), dtype=torch.long)
-    out = {k: torch.zeros((B, T)) for k in ("mask", "old_logp", "ref_logp", "advantages")}
+    out = {k: torch.zeros((B, T)) for k in ("mask", "old_logp", "ref_logp", "rollout_logp", "advantages")}
     for b, (r, c) in enumerate(zip(rows, cut)):
         p, n = len(r.prompt_ids) - c, len(r.response_ids)
         input_ids[b, P - p:P] = torch.tensor(r.prompt_ids[c:])
         input_ids[b, P:P + n] = torch.tensor(r.response_ids, dtype=torch.long)
         attn[b, P - p:P + n] = 1
         out["mask"][b, :n] = 1.0 if r.loss_mask is None else torch.as_tensor(r.loss_mask, dtype=torch.float32)
-        for key, value in (("old_logp", r.old_logp), ("ref_logp", r.ref_logp)):
+        for key, value in (("old_logp", r.old_logp), ("ref_logp", r.ref_logp), ("rollout_logp", r.rollout_logp)):
             if value is not None:
                 out[key][b, :n] = torch.as_tensor(value)
         out["advantages"][b, :n] = torch.as_tensor(np.broadcast_to(r.advantage, (n,)).astype(np.float32))
     out.update(input_ids=input_ids, attention_mask=attn, response_ids=input_ids[:, P:],
                position_ids=(attn.cumsum(-1) - 1).clamp(min=0) + torch.tensor(cut)[:, None],
-               has_old_logp=torch.tensor([r.old_logp is not None for r in rows]))
+               has_old_logp=torch.tensor([r.old_logp is not None for r in rows]),
+               has_rollout_logp=torch.tensor([r.rollout_logp is not None for r in rows]))
     if any(cut):
         prefix_ids, row_prefix, prefix_attention = _prefix_tensors(rows, cut, pad_id)
         out.update(prefix_ids=prefix_ids, row_prefix=row_prefix,
@@ -205,7 +207,7 @@ def split_micro_batches(rows: list[Row], max_rows: int, max_tokens: int = 0) -> 
 @torch.no_grad()
 def score_rows(policy, ref_model, rows: list[Row], *, micro_batch_size: int, temperature: float, pad_id: int,
                device: torch.device | str, stats: dict[str, float], skip_policy: set[int] | frozenset = frozenset(),
-               micro_batch_tokens: int = 0) -> None:
+               micro_batch_tokens: int = 0, use_rollout_logp: bool = True) -> None:
     """Fill ``old_logp`` and ``entropy`` (the policy; rows whose index is in ``skip_policy`` are left None) and
     ``ref_logp`` (``ref_model``, if not None) of the rows before the update, in length-sorted micro-batches of
     ``micro_batch_size`` rows and at most ``micro_batch_tokens`` padded tokens (0 = no cap); adds the seconds spent
@@ -213,16 +215,17 @@ def score_rows(policy, ref_model, rows: list[Row], *, micro_batch_size: int, tem
 
     ``skip_policy`` = the update's first mini-batch (``first_minibatch``), whose own forward gives those rows' old
     log-probs (``fill_old_logp``). Other rows scored by the rollout itself (``Row.rollout_logp``) take those
-    log-probs and entropies instead of a forward pass. With sharded models every process runs as many passes as
-    the busiest one (the extra ones score rows again and discard them): each pass all-gathers weights, a
-    collective all processes must join.
+    log-probs and entropies instead of a forward pass, unless ``use_rollout_logp`` is False (the trainer's own
+    log-probs are wanted beside the rollout's: rollout/trainer mismatch correction). With sharded models every
+    process runs as many passes as the busiest one (the extra ones score rows again and discard them): each pass
+    all-gathers weights, a collective all processes must join.
     """
     start = time.perf_counter()
     policy_rows = []
     for j, r in enumerate(rows):
         if j in skip_policy:
             continue
-        if r.rollout_logp is not None:  # the generation pass scored it with these very weights
+        if r.rollout_logp is not None and use_rollout_logp:  # the generation pass scored it with these weights
             r.old_logp, r.entropy = r.rollout_logp, r.rollout_entropy
         else:
             policy_rows.append(r)

@@ -82,6 +82,15 @@ def args_problem(args: Any) -> str | None:
         from arena_train.mixture import mixture_problem
 
         problem = mixture_problem(args.env_id, getattr(args, "env_weights", None))
+    if problem is None and hasattr(args, "on_collapse"):  # the collapse alarm's flags (arena_train.monitor)
+        from arena_train.monitor import CollapseConfig
+
+        try:
+            CollapseConfig.from_flags(vars(args))
+        except ValueError as e:
+            problem = f"error: {e}"
+    if problem is None and getattr(args, "rollout_is_cap", 1.0) < 1.0:
+        problem = f"error: --rollout-is-cap must be >= 1 (got {args.rollout_is_cap}): an exact match must keep weight 1"
     if problem is None and hasattr(args, "method_problem"):  # a method's own combinations (its Args block)
         problem = args.method_problem()
     if problem is None and getattr(args, "rollout_backend", None) == "vllm":

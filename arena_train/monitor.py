@@ -406,10 +406,10 @@ class CollapseMonitor:
 
 
 def restore_healthy(accelerator, run_dir: Path, monitor: CollapseMonitor, decision: Decision, iteration: int,
-                    optimizer=None, learning_rate: float | None = None, keep: int = 2) -> Path | None:
+                    optimizer=None, keep: int = 2) -> Path | None:
     """Carry out a stop or rollback: load the newest verified checkpoint at or before ``decision.checkpoint`` into
-    the prepared objects (the monitor keeps its own, newer state), set the learning rate to ``learning_rate`` x
-    ``decision.lr_scale``, save that state as checkpoint ``iteration`` and delete the checkpoints of the
+    the prepared objects (the monitor keeps its own, newer state), set every optimizer group's learning rate to its
+    first rate (kept as ``base_lr`` in the group, so checkpoints carry it) x ``decision.lr_scale``, save that state as checkpoint ``iteration`` and delete the checkpoints of the
     collapsed stretch, so the run's newest checkpoint is healthy and ``--resume`` continues from it with the
     same decisions. Returns the folder restored, or None when no healthy checkpoint verifies: the weights stay,
     the monitor records the stop, and the caller ends the run (a rollback included). After a rollback the caller
@@ -430,9 +430,9 @@ def restore_healthy(accelerator, run_dir: Path, monitor: CollapseMonitor, decisi
     kept = monitor.state_dict()
     accelerator.load_state(str(folder))  # also loads the monitor's state of then, replaced by the current one
     monitor.load_state_dict(kept)
-    if optimizer is not None and learning_rate is not None:
-        for group in optimizer.param_groups:
-            group["lr"] = learning_rate * decision.lr_scale
+    if optimizer is not None:
+        for group in optimizer.param_groups:  # each group's own rate (PPO's critic has another), as first set
+            group["lr"] = group.setdefault("base_lr", group["lr"]) * decision.lr_scale
     monitor.restored(healthy, iteration)
     save_checkpoint(accelerator, run_dir, iteration, keep)
     if accelerator.is_main_process:

@@ -255,6 +255,11 @@ def reference_grads(method, a, steps, model_path, applied=None):
                                              for t in range(len(logp))]))
             else:
                 pg_terms.append(vanilla(logp, o, A, a))
+            if a.get("rollout_is", "none") != "none":  # rollout/trainer importance weight per token (detached)
+                rho = torch.exp(o - torch.as_tensor(np.asarray(r["rollout_logp"]), dtype=torch.float32))
+                cap = a["rollout_is_cap"]
+                w = torch.clamp(rho, max=cap) if a["rollout_is"] == "tis" else rho * (rho <= cap)
+                pg_terms[-1] = pg_terms[-1] * w
             if a.get("use_seq_mask"):
                 m = masks[b]
                 mean_adv = float((torch.as_tensor(A) * m).sum() / m.sum().clamp(min=1))

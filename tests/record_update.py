@@ -5,9 +5,10 @@
 The script runs unchanged (its ``main``), with three substitutions in its own namespace: ``collect_rows``
 returns seeded synthetic rows (``synthetic_rows``: groups that share a prompt prefix, responses of 1 to
 ``max_response_tokens`` tokens, random wins, format penalties and anchors; a different number of rows on every
-process), ``score_rows`` and ``update_orders`` are wrapped to record the rows and mini-batch orders of the update,
-and ``torch.optim.AdamW`` is plain SGD that records every gradient it steps with. Each process writes
-``<out_dir>/rank<r>.pt``; ``tests/naive_update.py`` recomputes the update from those rows and compares.
+process; noisy rollout log-probs under ``--rollout-is``), ``score_rows`` and ``update_orders`` are wrapped to
+record the rows and mini-batch orders of the update, and ``torch.optim.AdamW`` is plain SGD that records every
+gradient it steps with. Each process writes ``<out_dir>/rank<r>.pt``; ``tests/naive_update.py`` recomputes the
+update from those rows and compares.
 """
 
 from __future__ import annotations
@@ -102,6 +103,11 @@ def main() -> None:
 
     def collect_rows(backend, tokenizer, rollout, seeds, config, stats, greedy=False, id_offset=0):
         rows, episodes = synthetic_rows(tokenizer, seeds, config, id_offset, args.group_size)
+        if args.rollout_is != "none":  # an engine that disagrees with the trainer: log-probs near uniform's, noisy
+            noise = np.random.default_rng(seeds[0] + id_offset)
+            for r in rows:
+                r.rollout_logp = (-np.log(len(tokenizer)) + noise.normal(0, 0.3, len(r.response_ids))).astype(
+                    np.float32)
         pending.append(True)
         return rows, episodes
 

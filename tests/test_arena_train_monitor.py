@@ -295,7 +295,7 @@ def test_restore_healthy_rolls_back_durably(prepared, tmp_path):
     monitor_state = monitor.state_dict()
     assert step.decision == Decision("rollback", 30, 0.5, step.decision.reason)
     decision = Decision("rollback", 20, 0.5, "pretend the onset was 22")  # restore an older one than the newest
-    folder = restore_healthy(accelerator, tmp_path, monitor, decision, 36, optimizer, 1e-2, keep=3)
+    folder = restore_healthy(accelerator, tmp_path, monitor, decision, 36, optimizer, keep=3)
     assert folder.name == "iter_000020"
     for k, v in model.state_dict().items():
         torch.testing.assert_close(v, weights[20][k])

@@ -5,7 +5,8 @@ rows, its optimizer replaced by gradient-recording SGD) and recomputes every opt
 ``tests/naive_update.py`` (one batch, one process, a forward per row). The two must agree within 1e-5 relative,
 for micro-batches of 1 row, 3 rows and the whole mini-batch, a padded-token budget, shared-prompt-prefix reuse
 on and off, several mini-batches and epochs (so importance ratios move off 1 and clipping acts), step and
-trajectory rows, and two processes that hold different numbers of rows.
+trajectory rows, rollout/trainer importance weights (TIS, MIS) against a disagreeing engine's log-probs, and two
+processes that hold different numbers of rows.
 """
 
 from __future__ import annotations
@@ -109,9 +110,12 @@ def test_grpo_every_aggregation_and_micro_batch_size(agg, micro, tiny, tmp_path)
     ["--micro-batch-size", "3", "--gradient-checkpointing"],  # prefixes spliced in instead of reused
     ["--micro-batch-size", "3", "--use-seq-mask", "--seq-mask-delta", "1e-4"],  # GRPO_SM
     ["--micro-batch-size", "3", "--no-norm-adv-by-std", "--loss-agg-mode", "seq-mean-token-sum-norm"],  # Dr.GRPO
+    ["--micro-batch-size", "3", "--rollout-is", "tis", "--rollout-is-cap", "1.2"],
+    ["--micro-batch-size", "3", "--rollout-is", "mis", "--rollout-is-cap", "1.2"],
     ["--micro-batch-size", "3", "--row-layout", "trajectory"],
     ["--micro-batch-size", "3", "--row-layout", "trajectory", "--loss-agg-mode", "seq-mean-token-sum-norm"],
-], ids=["token-budget", "no-prefix-reuse", "seq-mask", "dr-grpo", "trajectory", "trajectory-dr-grpo"])
+], ids=["token-budget", "no-prefix-reuse", "seq-mask", "dr-grpo", "rollout-tis", "rollout-mis", "trajectory",
+        "trajectory-dr-grpo"])
 def test_grpo_paths(flags, tiny, tmp_path):
     check("grpo", tiny, tmp_path, [*flags, *MULTI])
 
