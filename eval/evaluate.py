@@ -3,6 +3,9 @@
 ``python -m eval.evaluate --model PATH_OR_ID --env-id ARL/Sokoban-v0 --num-seeds 100
 [--decoding greedy sampled] [--samples 4] [--k 1 4] [--baselines expert random] [--out r.json]``
 
+Several ``--env-id`` (a mixture run's envs) give one table per env, each on its own held-out split and the same
+seeds; ``--out`` then holds every env's results (each result names its ``env_id``).
+
 Importable: ``evaluate_policy(env_id, policy, seeds)`` plays every episode through
 ``wrappers.GroupRollout.run`` (one batched policy call per turn over all active
 episodes); ``policy`` is any ``list[messages] -> list[str]`` callable, e.g.
@@ -252,8 +255,8 @@ def load_model(spec: str, device: str = "auto"):
 class Args:
     """Evaluate a checkpoint and the expert / random baselines on the same task seeds."""
 
-    env_id: str = "ARL/Sokoban-v0"
-    """registered env id"""
+    env_id: list[str] = field(default_factory=lambda: ["ARL/Sokoban-v0"])
+    """registered env id(s); several = one table per env (e.g. a mixture run's envs)"""
     model: str | None = None
     """HF folder or hub id ('tiny', 'smollm2' = offline models); omit to run only the baselines"""
     num_seeds: int = 100
@@ -293,7 +296,9 @@ class Args:
 
 
 def main(args: Args) -> int:
-    problem = env_id_problem(args.env_id) or (model_path_problem(args.model) if args.model is not None else None)
+    env_ids = [args.env_id] if isinstance(args.env_id, str) else list(args.env_id)
+    problem = (next(filter(None, map(env_id_problem, env_ids)), None) if env_ids else "error: --env-id needs an id")
+    problem = problem or (model_path_problem(args.model) if args.model is not None else None)
     if problem is not None:
         print(problem, file=sys.stderr)
         return 2
@@ -306,37 +311,42 @@ def main(args: Args) -> int:
         return 2
     if args.split is not None:
         env_kwargs["split"] = args.split
-    if args.env_id in ENV_IDS:
-        env_kwargs.setdefault("split", held_out_split(args.env_id))
     seeds = list(range(args.seed_start, args.seed_start + args.num_seeds))
-    common = dict(max_turns=args.max_turns, k_values=args.k, env_kwargs=env_kwargs, history_length=args.history_length,
-                  format_penalty=args.format_penalty, prompt_style=args.prompt_style, policy_seed=args.seed,
-                  progress=args.progress)
     results: list[EvalResult] = []
+    tables, splits = [], {}
     try:
-        if args.model is not None:
-            model, tokenizer = load_model(args.model, args.device)
-            for decoding in args.decoding:
+        model, tokenizer = load_model(args.model, args.device) if args.model is not None else (None, None)
+        for env_id in env_ids:
+            kwargs = {"split": held_out_split(env_id), **env_kwargs} if env_id in ENV_IDS else dict(env_kwargs)
+            splits[env_id] = kwargs.get("split", "no")
+            common = dict(max_turns=args.max_turns, k_values=args.k, env_kwargs=kwargs,
+                          history_length=args.history_length, format_penalty=args.format_penalty,
+                          prompt_style=args.prompt_style, policy_seed=args.seed, progress=args.progress)
+            mine: list[EvalResult] = []
+            for decoding in args.decoding if model is not None else []:
                 greedy = decoding == "greedy"
                 policy = hf_policy(model, tokenizer, greedy, args.temperature, args.top_p, args.top_k,
                                    args.max_new_tokens, args.max_prompt_tokens, args.batch_size, args.seed)
-                results.append(evaluate_policy(args.env_id, policy, seeds, samples=1 if greedy else args.samples,
-                                               name=decoding, **common))
-        for kind in args.baselines:
-            results.append(evaluate_policy(args.env_id, kind, seeds, samples=1 if kind == "expert" else args.samples,
-                                           **common))
+                mine.append(evaluate_policy(env_id, policy, seeds, samples=1 if greedy else args.samples,
+                                            name=decoding, **common))
+            for kind in args.baselines:
+                mine.append(evaluate_policy(env_id, kind, seeds, samples=1 if kind == "expert" else args.samples,
+                                            **common))
+            results += mine
+            tables.append((env_id, format_results(mine)))
     except EvalError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    table = format_results(results)
-    split = env_kwargs.get("split", "no")
-    print(f"\n{args.env_id} ({split} split), seeds {seeds[0]}..{seeds[-1]}, model {args.model}\n\n{table}")
+    for env_id, table in tables:
+        print(f"\n{env_id} ({splits[env_id]} split), seeds {seeds[0]}..{seeds[-1]}, model {args.model}\n\n{table}")
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        record = {"env_id": args.env_id, "model": args.model, "seeds": seeds, "args": asdict(args),
-                  "results": [r.as_dict() for r in results]}
+        record = {"env_id": env_ids[0] if len(env_ids) == 1 else env_ids, "model": args.model, "seeds": seeds,
+                  "args": asdict(args), "results": [r.as_dict() for r in results]}
         args.out.write_text(json.dumps(record, indent=2, default=str))
-        args.out.with_suffix(".md").write_text(table)
+        markdown = tables[0][1] if len(tables) == 1 else "".join(
+            f"## {env_id} ({splits[env_id]} split)\n\n{table}\n" for env_id, table in tables)
+        args.out.with_suffix(".md").write_text(markdown)
     return 0
 
 

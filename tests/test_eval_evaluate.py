@@ -81,6 +81,18 @@ def test_cli_writes_json_and_table(tiny_model_dir, tmp_path, capsys):
     assert "| greedy |" in table and "pass@2 %" in table and "| greedy |" in capsys.readouterr().out
 
 
+def test_several_envs_give_a_table_per_env(tmp_path, capsys):
+    out = tmp_path / "eval.json"
+    envs = ["ARL/Sokoban-Mini-v0", "ARL/WebShop-v0"]
+    assert main(Args(env_id=envs, num_seeds=2, baselines=["expert"], progress=False, out=out)) == 0
+    record = json.loads(out.read_text())
+    assert record["env_id"] == envs and [r["env_id"] for r in record["results"]] == envs
+    markdown = out.with_suffix(".md").read_text()
+    assert "## ARL/Sokoban-Mini-v0 (test split)" in markdown and "## ARL/WebShop-v0 (test split)" in markdown
+    printed = capsys.readouterr().out
+    assert printed.index("ARL/Sokoban-Mini-v0 (test split)") < printed.index("ARL/WebShop-v0 (test split)")
+
+
 class OpenEnv(TextEnv):
     """A one-step env with an open action set (admissible_actions is None), like TIR-Math."""
 
