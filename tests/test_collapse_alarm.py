@@ -1,0 +1,88 @@
+"""The collapse alarm inside a real script run (``--on-collapse``): it fires, logs, stops on a healthy checkpoint
+or rolls back to one with a smaller learning rate, and a resumed run keeps its decisions.
+
+The collapse here is induced by hair-trigger thresholds on the KL to the reference, which grows every iteration
+at a large learning rate: the alarm then fires as soon as its warm-up ends, on every machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from arena_models import build_tiny_model
+from arena_train.checkpoint import verify_checkpoint
+
+ROOT = Path(__file__).resolve().parents[1]
+RUN = ["--num-groups", "2", "--group-size", "3", "--max-turns", "2", "--max-response-tokens", "6", "--eval-every",
+       "0", "--checkpoint-every", "1", "--learning-rate", "5e-3", "--kl-coef", "0", "--collapse-warmup", "4",
+       "--collapse-min-history", "4", "--collapse-kl-floor", "0", "--collapse-kl-factor", "1.0001",
+       "--collapse-patience", "1"]
+
+
+def env() -> dict[str, str]:
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> str:
+    return str(build_tiny_model(tmp_path_factory.mktemp("model"), corpus=["Push every box (X) onto a target (O)."]))
+
+
+def run(tiny: str, out: Path, *flags: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, str(ROOT / "algos" / "grpo.py"), "--model-path", tiny, "--output-dir", str(out),
+           "--run-name", "r", *RUN, *flags]
+    proc = subprocess.run(cmd, env=env(), capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def events(out: Path) -> list[dict]:
+    return json.loads((out / "r" / "summary.json").read_text())["stability/events"]
+
+
+def test_warn_logs_and_goes_on(tiny, tmp_path):
+    proc = run(tiny, tmp_path, "--num-iterations", "14", "--on-collapse", "warn")
+    fired = events(tmp_path)
+    assert fired and all(e["action"] == "warn" and e["signal"] == "kl_blowup" for e in fired)
+    assert fired[0]["iteration"] > 4  # nothing during the warm-up
+    assert "collapse alarm at iteration" in proc.stdout + proc.stderr
+    lines = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    assert len(lines) == 14 and any(x.get("stability/kl_blowup") == 1.0 for x in lines)  # the run went on
+
+
+def test_stop_ends_on_the_last_healthy_checkpoint(tiny, tmp_path):
+    run(tiny, tmp_path, "--num-iterations", "14", "--on-collapse", "stop")
+    first = events(tmp_path)[0]
+    assert first["action"] == "stop" and first["checkpoint"] is not None and first["checkpoint"] + 1 < first["onset"]
+    lines = (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == first["iteration"] < 14  # the run ended at the alarm
+    checkpoints = tmp_path / "r" / "checkpoints"
+    newest = checkpoints / json.loads((checkpoints / "latest.json").read_text())["dir"]
+    assert newest.name == f"iter_{first['iteration']:06d}"
+    verify_checkpoint(newest)  # whole, with its manifest
+    healthy = checkpoints / f"iter_{first['checkpoint']:06d}"
+    # the final checkpoint holds the healthy weights
+    assert (newest / "model.safetensors").read_bytes() == (healthy / "model.safetensors").read_bytes()
+
+
+def test_rollback_restores_and_lowers_the_learning_rate_then_stops(tiny, tmp_path):
+    run(tiny, tmp_path, "--num-iterations", "14", "--on-collapse", "rollback", "--max-rollbacks", "1",
+        "--rollback-lr-scale", "0.5")
+    fired = events(tmp_path)
+    actions = [e["action"] for e in fired]
+    assert actions[0] == "rollback" and "stop" in actions  # the second alarm is over the allowance
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["stability/rollbacks"] == 1 and summary["stability/lr_scale"] == 0.5
+    lines = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    assert any("stability/rollback" in x for x in lines)
+    assert any(x.get("stability/lr_scale") == 0.5 for x in lines)
+    state = torch.load(sorted((tmp_path / "r" / "checkpoints").glob("iter_*"))[-1] / "optimizer.bin",
+                       weights_only=False)
+    assert state["param_groups"][0]["lr"] == pytest.approx(5e-3 * 0.5)
