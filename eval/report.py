@@ -2,6 +2,9 @@
 
 ``python -m eval.report RUN_DIR... [--results SWEEP_RESULTS.json] --out reports/x``
 
+A mixture run (several ``--env-id``, ``arena_train.mixture``) counts as one run per env, read from its per-env
+metrics (``env/<name>/*``, ``eval/<name>/success_rate``), so every table and figure shows each env apart.
+
 Writes into ``--out``: ``dynamics_<env>.png/.pdf`` (success, grad norm, KL, entropy,
 valid-format ratio, response length vs iteration; one line per method, mean ± std
 band over seeds, collapse onsets marked ×, the runs' first in-run alarms ▼), ``table.md`` / ``table.tex`` (methods ×
@@ -14,6 +17,7 @@ A directory argument without ``metrics.jsonl`` is searched one level down for ru
 from __future__ import annotations
 
 import base64
+import dataclasses
 import html
 import json
 import math
@@ -30,6 +34,7 @@ import matplotlib.pyplot as plt  # noqa: E402  (backend must be chosen first)
 import numpy as np  # noqa: E402
 import tyro  # noqa: E402
 
+from arena_train.mixture import env_name  # noqa: E402
 from eval.runlog import METRICS_FILE, RunLog, RunLogError  # noqa: E402
 from eval.stability import (  # noqa: E402
     EVAL_SUCCESS_KEY,
@@ -51,6 +56,13 @@ PANELS: tuple[tuple[str, str, bool], ...] = (  # (metric, title, log-scale y)
     ("rollout/valid_format_ratio", "valid-format ratio", False),
     ("rollout/response_length", "response length (tokens)", False),
 )
+
+
+#: A mixture run's per-env metric (``env/<name>/<metric>``) -> the run-level name the tables and figures read.
+ENV_METRICS = {"success_rate": "rollout/success_rate", "episode_return": RETURN_KEY,
+               "episode_length": "rollout/episode_length", "valid_format_ratio": "rollout/valid_format_ratio",
+               "valid_action_ratio": "rollout/valid_action_ratio", "response_length": "rollout/response_length",
+               "advantage_abs": "rollout/advantage_abs", "num_rows": "rollout/num_rows"}
 
 
 @dataclass
@@ -85,6 +97,22 @@ def env_label(env: str) -> str:
 
 
 # --- loading ---------------------------------------------------------------------------
+def env_view(log: RunLog, env_id: str) -> RunLog:
+    """One env of a mixture run as a run of its own: its ``env/<name>/*`` and ``eval/<name>/success_rate`` under
+    the run-level names (``ENV_METRICS``, ``eval/success_rate``); the run's other ``rollout/*`` and ``eval/*``
+    (totals over the envs) are left out, the update's ``actor/*`` and the rest kept."""
+    name = env_name(env_id)
+    rows = []
+    for row in log.rows:
+        view = {k: v for k, v in row.items() if not k.startswith(("rollout/", "eval/", "env/"))}
+        view.update({total: row[f"env/{name}/{key}"] for key, total in ENV_METRICS.items()
+                     if f"env/{name}/{key}" in row})
+        if f"eval/{name}/success_rate" in row:
+            view[EVAL_SUCCESS_KEY] = row[f"eval/{name}/success_rate"]
+        rows.append(view)
+    return dataclasses.replace(log, rows=rows, meta={**log.meta, "env": env_id})
+
+
 def find_run_dirs(paths: list[Path]) -> list[Path]:
     """Run directories among ``paths``, looking one level into folders that are not runs."""
     found = []
@@ -119,7 +147,9 @@ def load_runs(run_dirs: list[Path], results: Path | None, cfg: StabilityConfig) 
         method = str(label.get("method", log.method))
         method = next((m for m in METHODS if m.lower() == method.lower()), method)  # exp_name "gspo" → GSPO
         dimension = str(label.get("dimension") or (METHODS[method].dimension if method in METHODS else ""))
-        runs.append(Run(log, analyze(log, cfg), method, str(label.get("env", log.env)), dimension))
+        views = [(env_view(log, e), e) for e in log.env_ids] if len(log.env_ids) > 1 and "env" not in label else [
+            (log, str(label.get("env", log.env)))]
+        runs += [Run(view, analyze(view, cfg), method, env, dimension) for view, env in views]
     return runs, problems
 
 

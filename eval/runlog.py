@@ -100,7 +100,14 @@ class RunLog:
 
     @property
     def env(self) -> str:
-        return str(self._label("env", _ENV_KEYS) or "unknown")
+        """The env id; a mixture run's ids joined by '+' (``--env-id`` is a list of one id or more)."""
+        return "+".join(self.env_ids) or "unknown"
+
+    @property
+    def env_ids(self) -> list[str]:
+        """The run's env ids: one, or every env of a mixture (``arena_train.mixture``)."""
+        label = self._label("env", _ENV_KEYS)
+        return [str(e) for e in label] if isinstance(label, list) else [str(label)] if label else []
 
     @property
     def seed(self) -> int | None:

@@ -42,6 +42,31 @@ def test_table_numbers_and_relative_change(tmp_path):
         100 * (np.mean([c.mean for c in rows["GSPO"][1][:2]]) / np.mean([c.mean for c in rows["GRPO"][1][:2]]) - 1))
 
 
+def test_a_mixture_run_is_a_run_per_env(tmp_path):
+    sokoban, webshop = synthetic_rows(n=30, peak=0.8, seed=1), synthetic_rows(n=30, peak=0.2, seed=2)
+    rows = []
+    for a, b in zip(sokoban, webshop):
+        row = {"iteration": a["iteration"], "rollout/success_rate": 0.5, "actor/grad_norm": 1.0}
+        row.update({f"env/Sokoban-Mini/{k.split('/')[1]}": v for k, v in a.items() if k.startswith("rollout/")})
+        row.update({f"env/WebShop/{k.split('/')[1]}": v for k, v in b.items() if k.startswith("rollout/")})
+        row.update({"eval/success_rate": 0.5, "eval/Sokoban-Mini/success_rate": 0.9, "eval/WebShop/success_rate": 0.1})
+        rows.append(row)
+    write_run(tmp_path / "mix", rows, config={"exp_name": "grpo", "seed": 1,
+                                              "env_id": ["ARL/Sokoban-Mini-v0", "ARL/WebShop-v0"]})
+    write_run(tmp_path / "one", sokoban, config={"exp_name": "grpo", "seed": 1, "env_id": ["ARL/Sokoban-Mini-v0"]})
+    runs, problems = load_runs([tmp_path / "mix", tmp_path / "one"], None, StabilityConfig())
+    assert problems == [] and [r.env for r in runs] == ["ARL/Sokoban-Mini-v0", "ARL/WebShop-v0",
+                                                        "ARL/Sokoban-Mini-v0"]
+    alone = runs[2].stability
+    assert runs[0].stability.final_success == alone.final_success != runs[1].stability.final_success
+    assert (runs[0].stability.eval_final_success, runs[1].stability.eval_final_success) == (0.9, 0.1)
+    assert results_table(runs, source="eval").rows[0][2][3].mean == pytest.approx(10.0)
+    table = results_table(runs, source="rollout")  # the mixture's Sokoban-Mini beside the run of Sokoban-Mini alone
+    assert table.columns == ["Sokoban-Mini Score", "Sokoban-Mini Succ.", "WebShop Score", "WebShop Succ."]
+    cells = table.rows[0][2]
+    assert (cells[1].mean, cells[1].n, cells[3].n) == (pytest.approx(100 * alone.final_success), 2, 1)
+
+
 def test_report_files(tmp_path, capsys):
     out = tmp_path / "report"
     assert main(Args([make_runs(tmp_path / "runs")], out=out)) == 0
