@@ -43,7 +43,7 @@ def test_generation_is_deterministic_and_follows_the_knobs():
     assert task == generate_task(5, num_modules=4, functions_per_module=3, num_bugs=2, num_distractors=2)
     assert task != generate_task(6, num_modules=4, functions_per_module=3, num_bugs=2, num_distractors=2)
     modules = [p for p in task.fixed if p.endswith(".py") and "legacy_" not in p and not p.endswith("__init__.py")]
-    assert len(modules) == 4 and len(task.hidden_tests) == 4
+    assert len(modules) == 4 and len({t.module for t in task.hidden_tests}) == 4
     assert sum("legacy_" in p for p in task.files) == 2 and len(task.bugs) == 2
     assert task.fail_to_pass and task.pass_to_pass and not set(task.fail_to_pass) & set(task.pass_to_pass)
     assert all(b.function in task.issue for b in task.bugs)

@@ -122,6 +122,18 @@ def test_working_directory_is_fresh_and_removed(sandbox):
     assert second.stdout.split()[1] == "[]"
 
 
+def test_report_channel(sandbox):
+    """``run(report=n)``: fd 3 carries up to n raw bytes apart from stdout; more is no report; without it fd 3
+    is closed; a verify call after a reporting one is unaffected."""
+    code = "import os\nprint('out')\nos.write(3, bytes([0, 255]) + b'{}' * {n})"
+    small = sandbox.run(code.replace("{n}", "10"), report=64)
+    assert small.status == "ok" and small.stdout == "out\n" and small.report == b"\x00\xff" + b"{}" * 10
+    assert sandbox.run(code.replace("{n}", "40"), report=64).report is None
+    plain = sandbox.run(code.replace("{n}", "1"))
+    assert plain.report is None and "Bad file descriptor" in plain.last_error_line
+    assert sandbox.verify("1/2", "0.5")
+
+
 def test_file_size_limit(sandbox):
     result = sandbox.run("open('big.bin', 'wb').write(b'0' * (64 << 20))")
     assert result.status == "error" and "File too large" in result.last_error_line

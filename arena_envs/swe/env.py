@@ -4,6 +4,8 @@ Each reset generates a task (:mod:`arena_envs.swe.generator`) and a fresh in-mem
 actions are commands of :mod:`arena_envs.swe.commands`. Tests run in the TIR-Math sandbox
 (:mod:`arena_envs.swe.runner`). ``submit`` ends the episode with the hidden tests: reward 1 when
 every FAIL_TO_PASS and PASS_TO_PASS test passes, else 0 (``dense_reward=True``: the passing fraction).
+Hidden tests are graded outside the sandbox: the package's return values come back as plain data
+and are compared here with expected values that never enter the sandbox.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Any
 from arena_envs.base import CHARSET, TextEnv
 from arena_envs.swe import commands
 from arena_envs.swe.generator import Task, generate_task
-from arena_envs.swe.runner import run_tests
+from arena_envs.swe.runner import grade_calls, run_tests
 
 #: Task seeds of each split (disjoint ranges; a reset seed picks a task seed inside its split's range).
 SPLITS = {"train": (0, 1_000_000_000), "test": (1_000_000_000, 2_000_000_000)}
@@ -126,12 +128,14 @@ class SWEMiniEnv(TextEnv):
         return obs, reward, True, False, {"won": won, "tests_passed": passed, "tests_total": total}
 
     def grade(self) -> tuple[int, int, str]:
-        """(hidden tests passing, hidden tests, problem of the run) for the current working copy."""
+        """(hidden tests passing, hidden tests, problem of the run) for the current working copy.
+
+        Only the package files (no ``tests/``) and the hidden calls' inputs enter the sandbox; the
+        expected values are compared here (:func:`arena_envs.swe.runner.grade_calls`)."""
         files = {p: t for p, t in self.files.items() if not p.startswith("tests/")}
-        files.update(self.task.hidden_tests)
-        run = run_tests(files, "", self.test_timeout)
+        verdicts, problem = grade_calls(files, self.task.hidden_tests, self.test_timeout)
         wanted = self.task.fail_to_pass + self.task.pass_to_pass
-        return sum(run.passed(t) for t in wanted), len(wanted), run.problem
+        return sum(verdicts.get(t, False) for t in wanted), len(wanted), problem
 
     # --- TextEnv API --------------------------------------------------------------------
     def task_description(self) -> str:

@@ -4,10 +4,16 @@ The split between visible and hidden tests follows SWE-Gym: the hidden suite has
 (``FAIL_TO_PASS``: fail with the bug, pass once fixed; ``PASS_TO_PASS``: pass either way), the
 working copy ships the pass-to-pass tests plus one failing test per bug (the issue's reproduction),
 so an agent can check its fix, but a fix that special-cases the reported call still fails.
+
+Hidden tests are records (function, arguments) -> expected value, not test files: the grader sends
+only the function and arguments into the sandbox and compares the returned plain data with the
+expected value outside it (:func:`arena_envs.swe.runner.grade_calls`), so no code of the package
+can see, forge or compare against an expected value.
 """
 
 from __future__ import annotations
 
+import ast
 import functools
 from dataclasses import dataclass
 
@@ -32,6 +38,21 @@ class InjectedBug:
 
 
 @dataclass(frozen=True)
+class HiddenTest:
+    """One hidden test: ``module.function(*args, **kwargs)`` must return ``expected`` (plain data).
+
+    ``expected`` stays in the trusted process; only ``module``, ``function``, ``args`` and ``kwargs``
+    enter the sandbox."""
+
+    test_id: str  # tests/test_<module>.py::test_<function>_<k>, as in FAIL_TO_PASS / PASS_TO_PASS
+    module: str  # dotted, e.g. maplekit.numbers
+    function: str
+    args: tuple
+    kwargs: dict
+    expected: object
+
+
+@dataclass(frozen=True)
 class Task:
     """One generated task. ``files`` is the buggy working copy (visible tests included)."""
 
@@ -39,7 +60,7 @@ class Task:
     package: str
     files: dict[str, str]
     fixed: dict[str, str]  # the gold working copy without tests/
-    hidden_tests: dict[str, str]
+    hidden_tests: tuple[HiddenTest, ...]
     fail_to_pass: tuple[str, ...]
     pass_to_pass: tuple[str, ...]
     issue: str
@@ -75,6 +96,15 @@ def failing_calls(template_index: int, bug_index: int) -> list[int]:
     """Indices of the calls whose result the bug changes."""
     good, bad = outcomes(template_index, None), outcomes(template_index, bug_index)
     return [i for i, (g, b) in enumerate(zip(good, bad)) if g != b]
+
+
+def _arguments(call: str) -> tuple[tuple, dict]:
+    """Positional and keyword arguments of a catalogue call such as ``slugify('a b', sep='_')``."""
+    node = ast.parse(call, mode="eval").body
+    if not isinstance(node, ast.Call) or any(k.arg is None for k in node.keywords):
+        raise ValueError(f"catalogue call {call!r} is not a call with literal arguments")
+    return (tuple(ast.literal_eval(a) for a in node.args),
+            {k.arg: ast.literal_eval(k.value) for k in node.keywords})
 
 
 def _module_text(package: str, theme: str, sources: list[str], doc: str | None = None) -> str:
@@ -116,11 +146,11 @@ def generate_task(seed: int, num_modules: int = 3, functions_per_module: int = 5
     files = {"README.md": f"# {package}\n\nSmall utility functions: {', '.join(THEMES[t] for t in chosen_themes)}.\n"
                           "Run the tests with `run_tests`.\n",
              f"{package}/__init__.py": f'"""{package}: small utility functions."""\n'}
-    fixed, hidden, f2p, p2p, bugs, symptoms = {}, {}, [], [], [], []
+    fixed, hidden, f2p, p2p, bugs, symptoms = {}, [], [], [], [], []
     for theme in chosen_themes:
         module = THEMES[theme]
         path, test_path = f"{package}/{module}.py", f"tests/test_{module}.py"
-        good_sources, bad_sources, visible_tests, hidden_tests, names = [], [], [], [], []
+        good_sources, bad_sources, visible_tests, names = [], [], [], []
         for index in layout[theme]:
             template = TEMPLATES[index]
             names.append(template.name)
@@ -132,8 +162,8 @@ def generate_task(seed: int, num_modules: int = 3, functions_per_module: int = 5
                 if not ok:
                     raise ValueError(f"catalogue call {call!r} raises on the correct source: {want}")
                 test = (f"test_{template.name}_{k + 1}", call, repr(want))
-                hidden_tests.append(test)
                 test_id = f"{test_path}::{test[0]}"
+                hidden.append(HiddenTest(test_id, f"{package}.{module}", template.name, *_arguments(call), want))
                 (f2p if k in failing else p2p).append(test_id)
                 if k not in failing or k == min(failing):
                     visible_tests.append(test)
@@ -148,7 +178,6 @@ def generate_task(seed: int, num_modules: int = 3, functions_per_module: int = 5
         files[path] = _module_text(package, theme, bad_sources)
         fixed[path] = _module_text(package, theme, good_sources)
         files[test_path] = _test_text(package, module, visible_tests, names)
-        hidden[test_path] = _test_text(package, module, hidden_tests, names)
     for theme in chosen_themes[:num_distractors]:
         module = THEMES[theme]
         doc = f'"""Deprecated copy of {package}.{module}, kept for old imports; not used or tested."""'
@@ -157,5 +186,5 @@ def generate_task(seed: int, num_modules: int = 3, functions_per_module: int = 5
     fixed.update({p: t for p, t in files.items() if p not in fixed and not p.startswith("tests/")})
     title = "Wrong results from " + ", ".join(f"`{b.function}`" for b in bugs)
     issue = f"{title}\n\n" + "\n".join(f"- {s}" for s in symptoms)
-    return Task(int(seed), package, files, dict(sorted(fixed.items())), hidden, tuple(f2p), tuple(p2p), issue,
-                tuple(bugs))
+    return Task(int(seed), package, files, dict(sorted(fixed.items())), tuple(hidden), tuple(f2p), tuple(p2p),
+                issue, tuple(bugs))

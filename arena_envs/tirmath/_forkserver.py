@@ -355,7 +355,7 @@ def _janitor(plan: Plan) -> None:
 
 # --- running one request ------------------------------------------------------------
 #: request fields the zygote gets (limits); everything else (code, nonce) goes to the child's pipe
-_HEADER_KEYS = ("op", "timeout", "mem_mb", "fsize", "audit", "private_bytes")
+_HEADER_KEYS = ("op", "timeout", "mem_mb", "fsize", "audit", "private_bytes", "report")
 
 
 class ZygoteLost(RuntimeError):
@@ -370,20 +370,26 @@ def _run(req: dict, plan: Plan, ctl: socket.socket, client_fd: int) -> dict:
         _discard_workdir(plan, workdir)
 
 
-def _start_child(req: dict, workdir: str, ctl: socket.socket, client_fd: int) -> tuple[int, int]:
-    """Hand the zygote the limits and the pipe ends, then write the body; returns the output pipes."""
+def _start_child(req: dict, workdir: str, ctl: socket.socket, client_fd: int) -> list[int]:
+    """Hand the zygote the limits and the pipe ends, then write the body; returns the read ends of
+    stdout, stderr and (when the request asks for one) the report pipe."""
     header = {k: req[k] for k in _HEADER_KEYS if k in req} | {"workdir": workdir}
     body = json.dumps({k: v for k, v in req.items() if k not in _HEADER_KEYS}).encode("utf-8")
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     body_r, body_w = os.pipe()
+    ends, theirs = [out_r, err_r], [body_r, out_w, err_w]
+    if req.get("report"):
+        rep_r, rep_w = os.pipe()
+        ends.append(rep_r)
+        theirs.append(rep_w)
     try:
-        fds = [body_r, out_w, err_w] + ([client_fd] if req.get("private_bytes") else [])
+        fds = theirs + ([client_fd] if req.get("private_bytes") else [])
         socket.send_fds(ctl, [json.dumps(header).encode("utf-8")], fds)
     except OSError as e:
         raise ZygoteLost(f"zygote unreachable ({e})") from None
     finally:
-        for fd in (body_r, out_w, err_w):
+        for fd in theirs:
             os.close(fd)
     try:
         _write_all(body_w, body)
@@ -391,16 +397,17 @@ def _start_child(req: dict, workdir: str, ctl: socket.socket, client_fd: int) ->
         pass
     finally:
         os.close(body_w)
-    return out_r, err_r
+    return ends
 
 
 def _supervise(req: dict, workdir: str, ctl: socket.socket, client_fd: int) -> dict:
     """Read the child's output (bounded) until the zygote reports its status; kill it at the limits."""
     keep, kill_at = int(req["max_output"]), int(req["kill_output"])
     start = time.monotonic()
-    out_r, err_r = _start_child(req, workdir, ctl, client_fd)
+    ends = _start_child(req, workdir, ctl, client_fd)
     deadline = start + float(req["timeout"])
-    output = _Output(out_r, err_r, keep)
+    report_cap = int(req.get("report") or 0)
+    output = _Output(ends, [keep, keep, report_cap + 1])
     reason, done, killed_at = None, None, None
     try:
         while done is None:
@@ -430,17 +437,22 @@ def _supervise(req: dict, workdir: str, ctl: socket.socket, client_fd: int) -> d
     sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
     if reason is None and sig == signal.SIGXCPU:
         reason = "cpu_timeout"
-    return {"stdout": output.text(out_r), "stderr": output.text(err_r),
-            "exit_code": os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
-            "signal": sig, "limit": reason, "output_bytes": output.total, "elapsed": elapsed}
+    reply = {"stdout": output.text(ends[0]), "stderr": output.text(ends[1]),
+             "exit_code": os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
+             "signal": sig, "limit": reason, "output_bytes": output.total, "elapsed": elapsed}
+    if report_cap:  # raw bytes as latin-1 text (lossless); None when the child wrote more than the cap
+        report = bytes(output.bufs[ends[2]])
+        reply["report"] = report.decode("latin-1") if len(report) <= report_cap else None
+    return reply
 
 
 class _Output:
-    """The child's stdout and stderr: the first ``keep`` bytes of each kept, everything counted."""
+    """The child's output pipes: the first ``keep`` bytes of each kept, everything counted."""
 
-    def __init__(self, out_r: int, err_r: int, keep: int):
-        self.bufs = {out_r: bytearray(), err_r: bytearray()}
-        self.keep, self.total = keep, 0
+    def __init__(self, fds: list[int], keeps: list[int]):
+        self.bufs = {fd: bytearray() for fd in fds}
+        self.keeps = dict(zip(fds, keeps))
+        self.total = 0
         self.open = set(self.bufs)
 
     def wait(self, ctl: socket.socket, seconds: float) -> bool:
@@ -463,7 +475,7 @@ class _Output:
             self.open.discard(fd)
             return
         self.total += len(chunk)
-        room = self.keep - len(self.bufs[fd])
+        room = self.keeps[fd] - len(self.bufs[fd])
         if room > 0:
             self.bufs[fd] += chunk[:room]
 

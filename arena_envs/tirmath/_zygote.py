@@ -49,7 +49,7 @@ def serve(ctl: socket.socket, plan, confine) -> None:
     confine.set_parent_death_signal(signal.SIGKILL)  # a server gone before this line closes ``ctl``
     while True:
         try:
-            msg, fds, _flags, _addr = socket.recv_fds(ctl, MAX_HEADER, 4)
+            msg, fds, _flags, _addr = socket.recv_fds(ctl, MAX_HEADER, 5)
         except OSError:
             os._exit(0)
         if not msg:
@@ -209,17 +209,23 @@ def _read_exact(fd: int, n: int) -> bytes:
 
 
 def _child_main(header: dict, fds: list[int], plan, confine, parent: int):
-    """``fds``: the body pipe (code, nonce), stdout and stderr pipes, and for ``verify`` the client's
-    stream, from which only this child reads the answers (no other process ever holds them)."""
+    """``fds``: the body pipe (code, nonce), stdout and stderr pipes, the report pipe when the request
+    asked for one (it becomes fd 3), and for ``verify`` the client's stream, from which only this
+    child reads the answers (no other process ever holds them)."""
     body_r, out_w, err_w = fds[:3]
+    report_w = fds[3] if header.get("report") else None
     req = {**header, **json.loads(_read_all(body_r).decode("utf-8"))}
     if header.get("private_bytes"):
-        req.update(json.loads(_read_exact(fds[3], int(header["private_bytes"])).decode("utf-8")))
+        req.update(json.loads(_read_exact(fds[-1], int(header["private_bytes"])).decode("utf-8")))
+    while report_w is not None and report_w < 4:  # out of the way of the four numbers set below
+        report_w = os.dup(report_w)
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     os.dup2(out_w, 1)
     os.dup2(err_w, 2)
-    os.closerange(3, 1 << 16)
+    if report_w is not None:
+        os.dup2(report_w, 3)
+    os.closerange(3 if report_w is None else 4, 1 << 16)
     sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")
     sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8", errors="backslashreplace")
     sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8",

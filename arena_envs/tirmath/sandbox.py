@@ -50,7 +50,8 @@ def clean_text(text: str) -> str:
 
 @dataclass(frozen=True)
 class ExecResult:
-    """Outcome of one sandboxed run. ``status`` is one of ``STATUSES``."""
+    """Outcome of one sandboxed run. ``status`` is one of ``STATUSES``. ``report``: the bytes written to
+    fd 3 when ``run`` asked for a report channel (``None``: not asked, over its cap, or no reply)."""
 
     status: str
     stdout: str
@@ -59,6 +60,7 @@ class ExecResult:
     signal: int | None
     elapsed: float
     output_bytes: int
+    report: bytes | None = None
 
     @property
     def last_error_line(self) -> str:
@@ -223,19 +225,29 @@ class Sandbox:
                 self._stop_server()
             return reply
 
-    def run(self, code: str, timeout: float | None = None, memory_mb: int | None = None) -> ExecResult:
-        """Execute ``code`` (any string) in a fresh hardened child; never raises for bad code."""
+    def run(self, code: str, timeout: float | None = None, memory_mb: int | None = None,
+            report: int = 0) -> ExecResult:
+        """Execute ``code`` (any string) in a fresh hardened child; never raises for bad code.
+
+        ``report > 0`` gives the child a pipe at fd 3 whose bytes (up to ``report``) come back as
+        ``ExecResult.report``, apart from stdout. It is a channel, not a proof: the program can write
+        to it like anything else, so whoever reads it must not trust its content (see docs/swe.md).
+        """
         timeout = self.timeout if timeout is None else float(timeout)
         req = {"op": "run", "code": code, "timeout": timeout, "audit": self.audit_hook,
                "mem_mb": self.memory_mb if memory_mb is None else int(memory_mb),
                "max_output": self.max_output, "kill_output": self.kill_output, "fsize": self.file_size}
+        if report > 0:
+            req["report"] = int(report)
         start = time.monotonic()
         reply = self._request(req, timeout + self.margin)
         if reply is None:
             return ExecResult("sandbox_error", "", "sandbox server died or did not answer", None, None,
                               time.monotonic() - start, 0)
+        raw = reply.get("report")
         return ExecResult(_classify(reply), clean_text(reply["stdout"]), clean_text(reply["stderr"]),
-                          reply["exit_code"], reply["signal"], reply["elapsed"], reply["output_bytes"])
+                          reply["exit_code"], reply["signal"], reply["elapsed"], reply["output_bytes"],
+                          raw.encode("latin-1") if isinstance(raw, str) else None)
 
     def verify(self, gold: str, pred: str, timeout: float = 5.0, memory_mb: int = 2048) -> bool:
         """math-verify ``parse``/``verify`` in a hardened child (it evaluates untrusted text).
