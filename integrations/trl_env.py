@@ -15,6 +15,10 @@ tool's return value back as a ``tool`` message, and scores the rollout with ``ge
 * ``get_reward()`` is the episode's training return (env rewards minus format penalties), the
   ``episode_return`` of :class:`wrappers.EpisodeStats`.
 
+A mixture of envs (``arena_train.mixture``) is TRL's dict of environments: :func:`environment_factories` gives
+``{env name: factory}`` and :func:`trl_mixture_dataset` rows whose ``environment`` column routes each task to its
+env. TRL groups the ``num_generations`` rollouts of one dataset row, so a group never mixes envs.
+
 A rollout that stops calling ``act`` while the episode still runs has answered a turn without an
 action: that turn is stepped as the empty response (what our own loop does with a response that
 carries no action), so giving up never scores better than playing.
@@ -23,10 +27,12 @@ carries no action), so giving up never scores better than playing.
 from __future__ import annotations
 
 import functools
+from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import wrappers
+from arena_train.mixture import Mixture
 
 #: Returned by ``act`` once the episode is over (TRL feeds a tool's exception text back to the model).
 EPISODE_OVER = "The episode is over; do not call act again."
@@ -100,3 +106,30 @@ def trl_dataset(env_id: str, seeds: Iterable[int], **make_env_kwargs: Any):
     if not seed_column:
         raise ValueError("trl_dataset needs at least one seed")
     return Dataset.from_dict({"prompt": prompts, "seed": seed_column})
+
+
+def environment_factories(mixture: Mixture, **make_env_kwargs: Any) -> dict[str, Callable[[], TRLEnvironment]]:
+    """TRL's dict of environments (``GRPOTrainer(environment_factory={...})``) for ``mixture``: env name ->
+    factory. Each env gets its own ``TRLEnvironment`` subclass, ``TRLEnvironment[<name>]``: TRL scores a rollout
+    with the reward column of its env's class only and logs each column, so every env's reward is logged apart
+    (``rewards/TRLEnvironment[WebShop]/mean``)."""
+    factories = {}
+    for env_id, name in zip(mixture.env_ids, mixture.names):
+        cls = type(f"TRLEnvironment[{name}]", (TRLEnvironment,), {"__module__": __name__})
+        wrappers.make_env(env_id, **make_env_kwargs).close()  # fail here, not inside the trainer
+        factories[name] = functools.partial(cls, env_id, **make_env_kwargs)
+    return factories
+
+
+def trl_mixture_dataset(mixture: Mixture, num_rows: int, seed: int = 0, **make_env_kwargs: Any):
+    """``trl_dataset`` rows of every env of ``mixture`` plus the ``environment`` column TRL routes by: env ``k``
+    has ``Mixture.allocate``'s share of the ``num_rows`` rows (its weight, within one row), on task seeds 0, 1, ...
+    The rows come env by env; TRL's sampler shuffles them."""
+    from datasets import concatenate_datasets
+
+    counts = Counter(mixture.allocate(num_rows, seed, iteration=0))
+    parts = [trl_dataset(env_id, range(counts[k]), **make_env_kwargs).add_column("environment", [name] * counts[k])
+             for k, (env_id, name) in enumerate(zip(mixture.env_ids, mixture.names)) if counts[k]]
+    if not parts:
+        raise ValueError("trl_mixture_dataset needs num_rows >= 1")
+    return concatenate_datasets(parts)

@@ -169,3 +169,22 @@ def test_example_trains_two_steps_on_cpu(tool_calling_tiny_model, tmp_path):
     assert [entry["step"] for entry in steps] == [1, 2]
     assert all("rewards/TRLEnvironment/mean" in entry for entry in steps)
     assert max(entry["tools/call_frequency"] for entry in steps) > 0  # rollouts played the env through act
+
+
+def test_a_mixture_is_trls_dict_of_environments():
+    from arena_train.mixture import Mixture
+    from integrations.trl_env import environment_factories, trl_mixture_dataset
+
+    mixture = Mixture.parse([ENV_ID, "ARL/WebShop-v0"], [1, 3])
+    factories = environment_factories(mixture, **TINY_KWARGS)
+    envs = {name: factory() for name, factory in factories.items()}
+    assert list(envs) == ["Sokoban-Mini", "WebShop"]
+    # one class per env: TRL's reward column of a class scores only that env's rollouts, logged apart
+    assert [type(e).__name__ for e in envs.values()] == ["TRLEnvironment[Sokoban-Mini]", "TRLEnvironment[WebShop]"]
+    assert all(isinstance(e, TRLEnvironment) for e in envs.values())
+    dataset = trl_mixture_dataset(mixture, 8, **TINY_KWARGS)
+    assert dataset["environment"] == ["Sokoban-Mini"] * 2 + ["WebShop"] * 6 and dataset["seed"][:3] == [0, 1, 0]
+    for row in dataset.select([0, 7]):
+        alone = TRLEnvironment(dict(zip(mixture.names, mixture.env_ids))[row["environment"]], **TINY_KWARGS)
+        assert envs[row["environment"]].reset(seed=row["seed"]) == alone.reset(seed=row["seed"])
+        assert row["prompt"] == trl_dataset(alone._env.spec.id, [row["seed"]], **TINY_KWARGS)["prompt"][0]
