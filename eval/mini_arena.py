@@ -54,13 +54,15 @@ ROOT = Path(__file__).resolve().parents[1]
 PROFILES: dict[str, dict[str, Any]] = {
     # BC 1,872 steps + SAMPO 67 iterations: the best final held-out success of the budget curve among splits
     # with an RL stage (`python -m eval.budget --budget-s 720`, RL share 0.35; docs/practitioner.md)
-    "tiny": dict(env_id="ARL/Sokoban-Mini-v0", model="tiny", tiny_size="xs", bc_episodes=4000, bc_max_steps=1872,
+    "tiny": dict(env_id="ARL/Sokoban-Mini-v0", model="tiny", tiny_size="xs", teacher="greedy", think_horizon=4,
+                 bc_episodes=4000, bc_max_steps=1872,
                  bc_batch_size=64, bc_learning_rate=1e-3, bc_target=1.0, bc_eval_every=25, bc_eval_start=250,
                  bc_eval_episodes=100, rl_iterations=67, num_groups=8, group_size=8, learning_rate=1e-4,
                  temperature=0.5, mini_batch_size=128, rl_eval_every=5, rl_eval_episodes=100, eval_episodes=300,
-                 max_response_tokens=8),
+                 max_response_tokens=12),
     # The same recipe on the real pretrained SmolLM2-135M-Instruct: hours on a CPU, minutes on a GPU.
-    "smollm2": dict(env_id="ARL/Sokoban-Mini-v0", model="smollm2", tiny_size="xs", bc_episodes=1000,
+    "smollm2": dict(env_id="ARL/Sokoban-Mini-v0", model="smollm2", tiny_size="xs", teacher="expert", think_horizon=0,
+                    bc_episodes=1000,
                     bc_max_steps=400, bc_batch_size=16, bc_learning_rate=5e-5, bc_target=0.45, bc_eval_every=50,
                     bc_eval_start=50, bc_eval_episodes=100, rl_iterations=40, num_groups=8, group_size=8,
                     learning_rate=2e-6, temperature=0.5, mini_batch_size=64, rl_eval_every=5, rl_eval_episodes=100,
@@ -84,8 +86,13 @@ class Args:
     """'tiny' (fresh tiny Qwen3), 'smollm2', or a local HF folder"""
     tiny_size: str | None = None
     """tiny model size (xs, s, m)"""
+    teacher: str | None = None
+    """who labels the BC data: 'expert' (the env's optimal expert_action, empty <think>) or a teacher of
+    arena_envs.sokoban_teachers ('greedy', 'no-up-push', 'optimal') whose plan goes in <think>"""
+    think_horizon: int | None = None
+    """moves of the teacher's plan written in <think> (0: empty <think>)"""
     bc_episodes: int | None = None
-    """expert episodes of BC data (task seeds 0..N-1, disjoint from RL's and the held-out seeds)"""
+    """teacher episodes of BC data (task seeds 0..N-1, disjoint from RL's and the held-out seeds)"""
     bc_max_steps: int | None = None
     """BC optimizer steps at most (cosine schedule over them)"""
     bc_batch_size: int | None = None
@@ -142,6 +149,9 @@ def resolve(args: Args) -> Args:
     for key, value in PROFILES[args.profile].items():
         if getattr(args, key) is None:
             setattr(args, key, value)
+    for key in ("think_horizon",):
+        if getattr(args, key) < 0:
+            raise SystemExit(f"--{key.replace('_', '-')} must be >= 0")
     for key in ("bc_episodes", "bc_max_steps", "bc_batch_size", "bc_eval_every", "bc_eval_episodes", "rl_iterations",
                 "num_groups", "group_size", "mini_batch_size", "rl_eval_episodes", "eval_episodes",
                 "max_response_tokens"):
@@ -184,7 +194,8 @@ def run_bc(args: Args, seed: int, out: Path) -> dict[str, Any]:
 
     random.seed(seed), np.random.seed(seed), torch.manual_seed(seed)
     start = time.perf_counter()
-    data = collect_expert_data(make_env, args.bc_episodes, max_turns=10, random_action_prob=0.2, think="", seed=seed)
+    data = collect_expert_data(make_env, args.bc_episodes, max_turns=10, random_action_prob=0.2, think="", seed=seed,
+                               teacher=args.teacher, think_horizon=args.think_horizon)
     if args.model == "tiny":  # the fresh model is built in the cache: one folder per run, no races
         with _env_var("ARENA_CACHE", str(out.parent / "init")):
             model, tokenizer = load_or_build_model(args.model, data, args.env_id, args.tiny_size, seed)
@@ -285,9 +296,34 @@ def evaluate_model(args: Args, path: str | Path, name: str, seeds: list[int]) ->
             [int(ep.won) for ep in episodes])
 
 
+def evaluate_teacher(args: Args, seeds: list[int]) -> EvalResult:
+    """The BC teacher itself on the held-out seeds (noise-free): what imitation alone can reach."""
+    import gymnasium as gym
+
+    import wrappers
+    from eval.evaluate import summarize
+
+    start = time.perf_counter()
+    split = held_out_split(args.env_id)
+    rollout = wrappers.GroupRollout(
+        lambda: wrappers.make_env(args.env_id, history_length=0, prompt_style="compact", split=split), len(seeds), 1)
+    rollout.reset(seeds)
+
+    def act(batch):
+        moves = [rollout.envs[i].unwrapped.teacher_plan(args.teacher, args.think_horizon)
+                 for i in rollout.active()]
+        return [wrappers.format_response(action, " ".join(plan)) for action, plan in moves]
+
+    rollout.run(act, gym.spec(args.env_id).max_episode_steps)
+    return summarize(f"teacher ({args.teacher})", args.env_id, rollout.episodes(), 1,
+                     seconds=time.perf_counter() - start)
+
+
 def evaluate_baselines(args: Args, seeds: list[int]) -> list[EvalResult]:
+    """The optimal expert, the BC teacher (when it is not the expert) and a random policy."""
     common = dict(history_length=0, prompt_style="compact", progress=False)
-    return [evaluate_policy(args.env_id, "expert", seeds, **common),
+    teacher = [] if args.teacher == "expert" else [evaluate_teacher(args, seeds)]
+    return [evaluate_policy(args.env_id, "expert", seeds, **common), *teacher,
             evaluate_policy(args.env_id, "random", seeds, samples=4, **common)]
 
 

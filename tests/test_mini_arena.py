@@ -46,7 +46,8 @@ def test_pipeline_end_to_end(tmp_path):
     # BC and RL are evaluated on the same held-out seeds, beside the expert and random baselines
     ev = seed["eval"]
     assert ev["bc"]["num_seeds"] == ev["rl"]["num_seeds"] == 3
-    assert [b["name"] for b in ev["baselines"]] == ["expert", "random"] and ev["baselines"][0]["success"]["mean"] == 1.0
+    assert [b["name"] for b in ev["baselines"]] == ["expert", "teacher (greedy)", "random"]
+    assert ev["baselines"][0]["success"]["mean"] == 1.0
     assert {"bc", "rl", "gain"} <= set(full["summary"])
     assert (out / "learning_curve.png").stat().st_size > 1000
     report = (out / "report.md").read_text()
@@ -68,10 +69,32 @@ def test_bc_stage_is_reproducible(tmp_path, monkeypatch):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-@pytest.mark.parametrize("flag,value", [("--bc-max-steps", "0"), ("--num-groups", "0"), ("--rl-script", "nope")])
+def test_teacher_baseline_is_the_teacher_playing_the_held_out_rooms():
+    import gymnasium as gym
+
+    from arena_train.rollout import EVAL_SEED_OFFSET
+
+    args = mini_arena.resolve(mini_arena.Args())
+    seeds = [EVAL_SEED_OFFSET + k for k in range(12)]
+    result = mini_arena.evaluate_teacher(args, seeds)
+    env = gym.make(args.env_id, split="test").unwrapped
+    wins = []
+    for seed in seeds:  # the same rooms played directly, without prompts or parsing
+        env.reset(seed=seed)
+        for _ in range(gym.spec(args.env_id).max_episode_steps):
+            _, _, done, _, info = env.step(env.teacher_plan(args.teacher)[0])
+            if done:
+                break
+        wins.append(info["won"])
+    assert result.name == "teacher (greedy)" and result.success.mean == sum(wins) / len(wins)
+    assert [b.name for b in mini_arena.evaluate_baselines(args, seeds)] == ["expert", "teacher (greedy)", "random"]
+
+
+@pytest.mark.parametrize("flag,value", [("--bc-max-steps", "0"), ("--think-horizon", "-1"), ("--num-groups", "0"),
+                                        ("--rl-script", "nope")])
 def test_bad_settings_exit_with_a_message(flag, value, capsys):
     args = mini_arena.Args(out=Path("unused"))
-    setattr(args, flag.lstrip("-").replace("-", "_"), int(value) if value.isdigit() else value)
+    setattr(args, flag.lstrip("-").replace("-", "_"), int(value) if value.lstrip("-").isdigit() else value)
     with pytest.raises(SystemExit) as err:
         mini_arena.resolve(args)
     assert flag in str(err.value) or value in str(err.value)
