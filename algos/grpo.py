@@ -25,7 +25,7 @@ import math
 import os
 import time
 from collections import defaultdict
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -45,23 +45,13 @@ from arena_train.batching import (
 )
 from arena_train.checkpoint import resume_latest, save_checkpoint
 from arena_train.cli import parse_args
-from arena_train.dist import global_mean, param_sync_error
-from arena_train.logger import MetricsLogger, iteration_metrics
+from arena_train.dist import param_sync_error
+from arena_train.logger import MetricsLogger, env_metrics, iteration_metrics
 from arena_train.memory import print_run_plan
+from arena_train.mixture import Mixture, MixtureRollout, check_resume
 from arena_train.models import BC_CHECKPOINT, load_policy_and_reference, resolve_policy_path
 from arena_train.monitor import CollapseConfig, CollapseMonitor, checkpoints_to_keep, restore_healthy
-from arena_train.rollout import (
-    VAL_TEMPERATURE,
-    VAL_TOP_K,
-    VAL_TOP_P,
-    RolloutConfig,
-    Row,
-    collect_rows,
-    eval_split_of,
-    held_out_seeds,
-    require_prompt_fits,
-    task_seeds,
-)
+from arena_train.rollout import VAL_TEMPERATURE, VAL_TOP_K, VAL_TOP_P, RolloutConfig, Row
 from arena_train.rollout_is import mismatch_stats, rollout_is_weights
 from arena_train.run_dir import prepare_run_dir
 from arena_train.sharding import (
@@ -79,7 +69,7 @@ from arena_train.threads import default_threads
 #: 50 turns, WebShop 15 turns and 4,096 prompt tokens). Fields not listed keep the CPU default declared in ``Args``;
 #: flags given on the command line always win.
 GPU_PROFILE: dict[str, Any] = dict(
-    env_id="ARL/Sokoban-v0", model_path="Qwen/Qwen3-4B", num_iterations=200, num_groups=16, history_length=2,
+    env_id=["ARL/Sokoban-v0"], model_path="Qwen/Qwen3-4B", num_iterations=200, num_groups=16, history_length=2,
     prompt_style="arlarena", max_response_tokens=512, temperature=1.0, learning_rate=1e-6, mini_batch_size=256,
     micro_batch_size=8, rollout_backend="auto", mixed_precision="bf16", gradient_checkpointing=True, eval_episodes=128)
 #: Loss aggregation modes (ARLArena §3.1); ``--loss-agg`` is the short flag.
@@ -102,8 +92,10 @@ class Args:
     """name of this experiment (the script name)"""
     profile: Literal["cpu-tiny", "gpu"] = "cpu-tiny"
     """cpu-tiny = the defaults below; gpu = ARLArena's recipe (GPU_PROFILE); explicit flags win over both"""
-    env_id: str = "ARL/Sokoban-Mini-v0"
-    """registered ARLArena env id"""
+    env_id: list[str] = field(default_factory=lambda: ["ARL/Sokoban-Mini-v0"])
+    """registered ARLArena env id; several ids train on a mixture (docs/runs.md): groups drawn by --env-weights"""
+    env_weights: list[float] | None = None
+    """sampling weight of each --env-id (default: equal); 0 = evaluated, never trained on"""
     model_path: str = BC_CHECKPOINT
     """HF hub id or local folder ('tiny', 'smollm2' = offline models from arena_models); default: algos/sft.py's"""
     num_iterations: int = 30
@@ -400,8 +392,9 @@ def main(args: Args) -> None:
 
     import wrappers
 
+    mixture = Mixture.parse(args.env_id, args.env_weights)
     if args.run_name is None:
-        args.run_name = f"{args.env_id.replace('/', '_')}__{args.exp_name}__{args.seed}"
+        args.run_name = f"{mixture.label}__{args.exp_name}__{args.seed}"
     torch.set_num_threads(default_threads(args.torch_threads))  # before any vLLM engine: later calls are no-ops
     hf_logging.disable_progress_bar()
     if args.dry_run:  # the plan needs the model's shape only: Qwen3 names are known without a download
@@ -441,22 +434,24 @@ def main(args: Args) -> None:
     monitor = CollapseMonitor(CollapseConfig.from_flags(asdict(args)))  # its state travels in every checkpoint
     accelerator.register_for_checkpointing(monitor)
     keep = checkpoints_to_keep(monitor.config, args.checkpoint_every)  # a healthy one survives until an alarm
+    if args.resume:  # before the logger rewrites args.json, the record of the run's mixture
+        check_resume(accelerator, run_dir, mixture)
     start_iteration = 1 + (resume_latest(accelerator, run_dir, args.resume_fallback) if args.resume else 0)
     push_metrics = backend.push(accelerator.unwrap_model(policy))
     logger = MetricsLogger(run_dir, start_iteration, args.wandb_project if args.track else None, args.run_name,
                            {**asdict(args), "world_size": world}) if accelerator.is_main_process else None
 
-    def make_env(split: str = "train"):
-        return wrappers.make_env(args.env_id, history_length=args.history_length, format_penalty=args.format_penalty,
+    def make_env(env_id: str, split: str):
+        return wrappers.make_env(env_id, history_length=args.history_length, format_penalty=args.format_penalty,
                                  prompt_style=args.prompt_style, split=split)
 
-    eval_split = eval_split_of(args.env_id, args.eval_split)  # never 'train': rollout and eval tasks must not meet
-    train_rollout = wrappers.GroupRollout(make_env, args.num_groups // world, args.group_size)
-    eval_rollout = wrappers.GroupRollout(lambda: make_env(eval_split), max(args.eval_episodes // world, 1), 1)
-    require_prompt_fits(tokenizer, train_rollout.envs[0], args.max_prompt_tokens, seed=args.seed)
+    # every env's groups and held-out episodes (the held-out split: rollout and eval tasks must not meet)
+    rollouts = MixtureRollout(mixture, make_env, args.num_groups // world, args.group_size,
+                              max(args.eval_episodes // world, 1), args.eval_split)
     sampling = RolloutConfig(max_turns=args.max_turns, max_prompt_tokens=args.max_prompt_tokens,
                              max_response_tokens=args.max_response_tokens, temperature=args.temperature,
                              top_p=args.top_p, row_layout=args.row_layout)
+    rollouts.require_prompts_fit(tokenizer, sampling, seed=args.seed)
     evaluation = replace(sampling, temperature=args.eval_temperature, top_p=args.eval_top_p, top_k=args.eval_top_k)
     pad_id = tokenizer.pad_token_id
     # Dr.GRPO's constant length: the most policy tokens a row can hold
@@ -469,8 +464,8 @@ def main(args: Args) -> None:
         stats: dict[str, float] = defaultdict(float)
         policy.eval()
         # ALGO LOGIC: collect a batch of rows (defines `rows` and `episodes`)
-        rows, episodes = collect_rows(backend, tokenizer, train_rollout,
-                                      task_seeds(args.seed, iteration, args.num_groups, rank, world), sampling, stats)
+        rows, episodes = rollouts.collect(
+            backend, tokenizer, mixture.task_seeds(args.seed, iteration, args.num_groups, rank, world), sampling, stats)
         # END ALGO LOGIC
         # as many optimizer steps on every process; one row order per epoch
         n_minibatches, orders = update_orders(accelerator, len(rows), args.mini_batch_size, args.update_epochs,
@@ -580,6 +575,8 @@ def main(args: Args) -> None:
         metrics_out = iteration_metrics(accelerator, episodes=episodes, rows=rows, stats=stats, actor_sums=sums,
                                         grad_norms=grad_norms, skipped=skipped, update_tokens=update_tokens,
                                         t_rollout=t_rollout, t_update=t_update, count_keys=COUNT_METRICS)
+        if len(mixture.env_ids) > 1:  # env/<name>/*: every env of the mixture apart
+            metrics_out.update(env_metrics(accelerator, mixture.names, episodes=episodes, rows=rows))
         metrics_out.update(push_metrics)
         if args.rollout_is != "none":  # every process holds rows, so every process has values
             for key, values in mismatch.items():
@@ -589,10 +586,8 @@ def main(args: Args) -> None:
         # ALGO LOGIC: method-specific metrics into metrics_out (none for GRPO)
         # END ALGO LOGIC
         if args.eval_every > 0 and (iteration % args.eval_every == 0 or iteration == args.num_iterations):
-            seeds = held_out_seeds(args.eval_episodes, rank, world)
-            _, held_out = collect_rows(backend, tokenizer, eval_rollout, seeds, evaluation, defaultdict(float),
-                                       greedy=args.eval_greedy)
-            metrics_out["eval/success_rate"] = global_mean(accelerator, [float(e.won) for e in held_out])
+            metrics_out.update(rollouts.evaluate(accelerator, backend, tokenizer, evaluation, args.eval_episodes,
+                                                 rank, world, greedy=args.eval_greedy))
         step = monitor.update(iteration, metrics_out)  # collapse signals; pooled metrics: one decision everywhere
         metrics_out.update(step.metrics)
         if step.message:

@@ -140,8 +140,6 @@ def test_gpu_profile_sizes_the_run_for_the_largest_recipe():
     from arena_train.cli import parse_args
 
     grpo = load_script("grpo")
-    if "env_weights" not in {f for f in grpo.Args.__dataclass_fields__}:
-        pytest.skip("algos/grpo.py does not take a mixture yet")
     args = parse_args(grpo.Args, grpo.GPU_PROFILE, ["--profile", "gpu", "--env-id", SOKOBAN, WEBSHOP])
     assert (args.max_turns, args.max_prompt_tokens) == (15, 4096)
     args = parse_args(grpo.Args, grpo.GPU_PROFILE, ["--profile", "gpu", "--env-id", SOKOBAN, WEBSHOP,
@@ -325,10 +323,6 @@ def test_one_id_run_logs_what_it_logged_before_mixtures(tiny_model, tmp_path):
         assert not any(k.startswith("env/") or k.count("/") > 1 for k in mine)
 
 
-wired = pytest.mark.skipif("env_weights" not in GRPO.read_text(), reason="algos/grpo.py does not take a mixture yet")
-
-
-@wired
 def test_two_env_run_logs_every_env_and_refuses_another_mixture_on_resume(tiny_model, tmp_path):
     proc = run_grpo(tmp_path, tiny_model, "--env-id", SOKOBAN, WEBSHOP, "--env-weights", "0.5", "0.5",
                     "--num-groups", "4")
