@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from arena_envs.tirmath import Sandbox
+from arena_envs.tirmath import Sandbox, _forkserver
 from arena_envs.tirmath import sandbox as sandbox_module
 
 TIMEOUT = 1.5
@@ -247,6 +247,18 @@ def _start(hosttmp: Path, timeout: float, **kwargs) -> Sandbox:
     return box
 
 
+def _remove_leftovers(directory: Path) -> None:
+    """Remove what runs left in ``directory`` with the server's own deep-tree-safe removal. A run killed
+    with its server, or one whose janitor had not finished, may leave the 2,500-level rename chain here,
+    and pytest's later clean-up of old temp folders (a recursive ``rmtree``) fails on it."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for name in os.listdir(fd):
+            _forkserver._remove_tree(fd, name)
+    finally:
+        os.close(fd)
+
+
 @pytest.fixture(scope="module")
 def host(tmp_path_factory):
     """The host side an attacker aims at: files, a private temp base, listening sockets, a victim process."""
@@ -292,6 +304,8 @@ def host(tmp_path_factory):
     for p in sockdir.iterdir():
         p.unlink()
     sockdir.rmdir()
+    _remove_leftovers(hosttmp)
+    assert list(hosttmp.iterdir()) == []
 
 
 def _host_state(host, box: Sandbox) -> dict:

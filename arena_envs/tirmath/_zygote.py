@@ -3,7 +3,7 @@
 Why a separate process: a child forked from the fork server would inherit the server's heap, which
 has handled earlier requests and replies (another episode's code, output, answers). The zygote is
 forked by the server right after the imports and the warm-up, before the server handles anything,
-and never reads a request body or an output: per call it receives only the limits and four pipe
+and never reads a request body or an output: per call it receives only the limits and up to five pipe
 ends (``SCM_RIGHTS`` over a socketpair), forks, closes them and reports the wait status. The child
 reads its code from its own pipe and writes straight into the server's output pipes.
 
