@@ -2,8 +2,8 @@
 
     python tests/record_update.py <method> <out_dir> <script flags...>      (or under ``accelerate launch``)
 
-The script runs unchanged (its ``main``), with three substitutions in its own namespace: ``collect_rows``
-returns seeded synthetic rows (``synthetic_rows``: groups that share a prompt prefix, responses of 1 to
+The script runs unchanged (its ``main``), with three substitutions: ``collect_rows`` (as the mixture of envs
+calls it) returns seeded synthetic rows (``synthetic_rows``: groups that share a prompt prefix, responses of 1 to
 ``max_response_tokens`` tokens, random wins, format penalties and anchors; a different number of rows on every
 process; noisy rollout log-probs under ``--rollout-is``), ``score_rows`` and ``update_orders`` are wrapped to
 record the rows and mini-batch orders of the update, and ``torch.optim.AdamW`` is plain SGD that records every
@@ -96,6 +96,8 @@ def main() -> None:
     method, out_dir, argv = sys.argv[1], Path(sys.argv[2]), sys.argv[3:]
     from conftest import load_script  # this file's folder is on the path of a script run by file name
 
+    import arena_train.mixture as mixture
+
     script = load_script(method)
     args = parse_args(script.Args, script.GPU_PROFILE, argv)
     recorded: dict = {"rows": [], "orders": []}
@@ -124,7 +126,8 @@ def main() -> None:
         recorded["orders"].append(result)
         return result
 
-    script.collect_rows, script.score_rows, script.update_orders = collect_rows, score_rows, update_orders
+    mixture.collect_rows = collect_rows  # the scripts collect through arena_train.mixture
+    script.score_rows, script.update_orders = score_rows, update_orders
     torch.optim.AdamW = RecordingSGD
     script.main(args)
     rank = int(__import__("os").environ.get("RANK", "0"))
