@@ -139,3 +139,34 @@ def test_fsdp2_processes_gather_generate_and_score_in_lockstep(tmp_path, tiny_mo
     assert out["generate_matches_unsharded"] and out["scored"]
     assert out["ref_gap_before_update"] < 1e-5  # the sharded reference is the starting policy
     assert out["push"] == ["rollout/push_time_s"] and out["copy_error"] == 0.0 and out["moved"] > 1e-4
+
+
+def test_micro_batch_sync_keeps_every_trained_model_local_until_the_last_micro_batch():
+    """PPO's critic is trained beside the policy: its gradients must not be all-reduced on every micro-batch."""
+    import contextlib
+    from types import SimpleNamespace
+
+    from accelerate.utils import DistributedType
+
+    from arena_train.sharding import micro_batch_sync
+
+    entered = []
+
+    @contextlib.contextmanager
+    def no_sync(model):
+        entered.append(model)
+        yield
+
+    accelerator = SimpleNamespace(distributed_type=DistributedType.MULTI_CPU, no_sync=no_sync)
+    policy, critic = object(), object()
+    with micro_batch_sync(accelerator, [policy, critic], last=False):
+        pass
+    assert entered == [policy, critic]
+    entered.clear()
+    with micro_batch_sync(accelerator, [policy, critic], last=True):  # the last one synchronises both
+        pass
+    assert entered == []
+    for name in ("grpo", "ppo"):  # the scripts hand every trained model to it
+        script = Path(__file__).resolve().parents[1] / "algos" / f"{name}.py"
+        assert "micro_batch_sync(accelerator, [policy, *extra_models]" in script.read_text()
+    assert "extra_models = [critic]" in (Path(__file__).resolve().parents[1] / "algos" / "ppo.py").read_text()
