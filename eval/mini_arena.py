@@ -4,14 +4,15 @@ Stages, per pipeline seed:
 
 1. **model** — a fresh tiny Qwen3 whose BPE tokenizer is trained on the env's prompts (``--profile
    tiny``), or the converted SmolLM2-135M-Instruct (``--profile smollm2``);
-2. **BC** — behaviour cloning on the env expert's labels of the states a noisy expert visits
-   (``algos/sft.py``'s data and loss) for the profile's steps, evaluated greedily on validation seeds every
-   few steps; the best validation checkpoint is kept (``--bc-target`` < 1 stops early once validation reaches
-   it). The tiny profile's split of BC steps and RL iterations is the best of ``eval.budget``'s curve;
+2. **BC** — behaviour cloning on a teacher's labels of the states it visits while acting noisily
+   (``algos/sft.py``'s data and loss; the tiny profile's teacher is the greedy heuristic of
+   ``arena_envs.sokoban_teachers``, with its plan of its next moves in ``<think>``) for the profile's steps,
+   evaluated greedily on validation seeds every few steps; the best validation checkpoint is kept
+   (``--bc-target`` < 1 stops early once validation reaches it);
 3. **RL** — ``algos/<rl-script>.py`` (SAMPO by default) from the BC checkpoint, as a subprocess with the
    profile's flags, logging its held-out greedy success every ``--rl-eval-every`` iterations;
 4. **evaluation** — BC start and RL result greedy on the SAME held-out seeds (``eval.evaluate``,
-   Wilson 95 % intervals), beside the env's random and expert policies;
+   Wilson 95 % intervals), beside the env's expert, the BC teacher itself and a random policy;
 5. **report** — ``report.md`` (table, per-seed numbers, mean over seeds with a Student-t interval,
    stage timings) and ``learning_curve.png``; everything also in ``results.json``.
 
@@ -52,13 +53,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 #: Values for the ``Args`` fields left unset (None). See the README section "Mini-arena: the CPU default".
 PROFILES: dict[str, dict[str, Any]] = {
-    # BC 1,872 steps + SAMPO 67 iterations: the best final held-out success of the budget curve among splits
-    # with an RL stage (`python -m eval.budget --budget-s 720`, RL share 0.35; docs/practitioner.md)
+    # BC on an imperfect teacher (greedy, 61.7 % of the held-out rooms; its next moves in <think>), then SAMPO at
+    # rollout temperature 1.0 (exploration past the teacher's mistakes); docs/mini_arena.md has what was tried.
+    # The earlier expert-label default is a study there: --teacher expert --think-horizon 0 --max-response-tokens 8
     "tiny": dict(env_id="ARL/Sokoban-Mini-v0", model="tiny", tiny_size="xs", teacher="greedy", think_horizon=4,
-                 bc_episodes=4000, bc_max_steps=1872,
-                 bc_batch_size=64, bc_learning_rate=1e-3, bc_target=1.0, bc_eval_every=25, bc_eval_start=250,
-                 bc_eval_episodes=100, rl_iterations=67, num_groups=8, group_size=8, learning_rate=1e-4,
-                 temperature=0.5, mini_batch_size=128, rl_eval_every=5, rl_eval_episodes=100, eval_episodes=300,
+                 bc_episodes=4000, bc_max_steps=1500,
+                 bc_batch_size=64, bc_learning_rate=1e-3, bc_target=1.0, bc_eval_every=100, bc_eval_start=800,
+                 bc_eval_episodes=100, rl_iterations=100, num_groups=8, group_size=8, learning_rate=1e-4,
+                 temperature=1.0, mini_batch_size=128, rl_eval_every=10, rl_eval_episodes=100, eval_episodes=300,
                  max_response_tokens=12),
     # The same recipe on the real pretrained SmolLM2-135M-Instruct: hours on a CPU, minutes on a GPU.
     "smollm2": dict(env_id="ARL/Sokoban-Mini-v0", model="smollm2", tiny_size="xs", teacher="expert", think_horizon=0,

@@ -153,6 +153,6 @@ def test_sweep_config_covers_the_papers_methods():
     methods = {j.method for j in sweep.jobs}
     assert methods == {"GRPO", "GRPO_ST", "GSPO", "SAPO", "CISPO", "GiGPO", "EMPG", "DAPO_GRPO", "DAPO_GiGPO", "SAMPO"}
     assert len(sweep.jobs) == 30 and {j.seed for j in sweep.jobs} == {1, 2, 3}
-    for job in sweep.jobs:  # every run starts from the pipeline's BC checkpoint, on the mini-arena env
+    for job in sweep.jobs:  # every run starts from its seed's BC checkpoint of the pipeline, on the mini-arena env
         text = " ".join(job.argv)
-        assert "--model-path runs/mini_arena/seed1/bc" in text and "ARL/Sokoban-Mini-v0" in text
+        assert f"--model-path runs/mini_arena/seed{job.seed}/bc" in text and "ARL/Sokoban-Mini-v0" in text
