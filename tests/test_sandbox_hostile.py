@@ -215,8 +215,14 @@ def _process_state(pid: int) -> tuple:
     return Path(f"/proc/{pid}/limits").read_text(), fields[16], fields[38], sorted(os.sched_getaffinity(pid))
 
 
-def _ipc_state() -> tuple:
-    return tuple(Path(f"/proc/sysvipc/{kind}").read_text() for kind in ("shm", "msg", "sem"))
+def _ipc_state(ours: set[int]) -> tuple:
+    """The host's SysV IPC objects, less shared memory made by a live process other than ``ours``: another
+    run of this suite on the machine makes and removes its own host segment whenever it starts or ends, which
+    is no change made by a program here (whose processes are all dead when this is read)."""
+    header, *rows = Path("/proc/sysvipc/shm").read_text().splitlines()
+    foreign = [r for r in rows if int(r.split()[4]) not in ours and os.path.exists(f"/proc/{r.split()[4]}")]
+    shm = [header] + [r for r in rows if r not in foreign]  # columns: key shmid perms size cpid ...
+    return tuple(shm), Path("/proc/sysvipc/msg").read_text(), Path("/proc/sysvipc/sem").read_text()
 
 
 def _host_shm_segment() -> tuple[int, int]:
@@ -312,7 +318,7 @@ def _host_state(host, box: Sandbox) -> dict:
     state = {}
     for root in host["watched"]:
         state.update(_snapshot(root))
-    state["ipc"] = _ipc_state()
+    state["ipc"] = _ipc_state({os.getpid(), box.server_pid, box.zygote_pid})
     for pid in (host["victim"].pid, os.getpid(), box.server_pid, box.zygote_pid):
         state[f"process {pid}"] = _process_state(pid)
     state["server fds"] = sorted(os.listdir(f"/proc/{box.server_pid}/fd"))
