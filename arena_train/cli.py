@@ -57,21 +57,6 @@ def range_problem(args: Any, ranges: dict[str, tuple[float | None, float | None,
     return None
 
 
-def env_id_problem(env_id: str) -> str | None:
-    """Why ``env_id`` cannot be made here: not registered (the message lists ARLArena's ids) or its extra
-    missing. Ids registered by other code (a test's env, a fork's) pass."""
-    import gymnasium as gym
-
-    import arena_envs
-
-    if ":" in env_id:  # "module:Id" registers itself on import
-        return None
-    if env_id not in gym.registry:
-        return f"error: unknown env id {env_id!r}; registered ids: {', '.join(arena_envs.ENV_IDS)}"
-    extra = arena_envs.missing_extra(env_id) if env_id in arena_envs.ENV_IDS else None
-    return f"error: {env_id} needs the {extra} extra: pip install 'arlarena[{extra}]'" if extra else None
-
-
 def args_problem(args: Any) -> str | None:
     """The first problem of parsed ``args`` (ranges, flags that need another, env id, the method's own
     ``method_problem()``, requested vLLM) as one message, or None."""

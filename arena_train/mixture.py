@@ -56,6 +56,21 @@ def env_name(env_id: str) -> str:
     return re.sub(r"-v\d+$", "", env_id.split(":")[-1].split("/")[-1])
 
 
+def env_id_problem(env_id: str) -> str | None:
+    """Why ``env_id`` cannot be made here: not registered (the message lists ARLArena's ids) or its extra
+    missing. Ids registered by other code (a test's env, a fork's) pass."""
+    import gymnasium as gym
+
+    import arena_envs
+
+    if ":" in env_id:  # "module:Id" registers itself on import
+        return None
+    if env_id not in gym.registry:
+        return f"error: unknown env id {env_id!r}; registered ids: {', '.join(arena_envs.ENV_IDS)}"
+    extra = arena_envs.missing_extra(env_id) if env_id in arena_envs.ENV_IDS else None
+    return f"error: {env_id} needs the {extra} extra: pip install 'arlarena[{extra}]'" if extra else None
+
+
 def as_env_ids(env_id: str | Sequence[str]) -> list[str]:
     """``--env-id`` as a list (a plain string is one id)."""
     return [env_id] if isinstance(env_id, str) else list(env_id)
@@ -64,8 +79,6 @@ def as_env_ids(env_id: str | Sequence[str]) -> list[str]:
 def mixture_problem(env_id: str | Sequence[str], env_weights: Sequence[float] | None = None,
                     check_registry: bool = True) -> str | None:
     """Why ``--env-id`` / ``--env-weights`` cannot make a mixture (one line that says what to do), or None."""
-    from arena_train.cli import env_id_problem
-
     ids = as_env_ids(env_id)
     if not ids:
         return "error: --env-id needs at least one env id"

@@ -409,11 +409,11 @@ def restore_healthy(accelerator, run_dir: Path, monitor: CollapseMonitor, decisi
                     optimizer=None, keep: int = 2) -> Path | None:
     """Carry out a stop or rollback: load the newest verified checkpoint at or before ``decision.checkpoint`` into
     the prepared objects (the monitor keeps its own, newer state), set every optimizer group's learning rate to its
-    first rate (kept as ``base_lr`` in the group, so checkpoints carry it) x ``decision.lr_scale``, save that state as checkpoint ``iteration`` and delete the checkpoints of the
-    collapsed stretch, so the run's newest checkpoint is healthy and ``--resume`` continues from it with the
-    same decisions. Returns the folder restored, or None when no healthy checkpoint verifies: the weights stay,
-    the monitor records the stop, and the caller ends the run (a rollback included). After a rollback the caller
-    pushes the restored weights to its rollout engine."""
+    first rate (kept as ``base_lr`` in the group, so checkpoints carry it) x ``decision.lr_scale``, save that state
+    as checkpoint ``iteration`` and delete the checkpoints of the collapsed stretch, so the run's newest checkpoint
+    is healthy and ``--resume`` continues from it with the same decisions. Returns the folder restored, or None
+    when no healthy checkpoint verifies: the weights stay, the monitor records the stop, and the caller ends the
+    run (a rollback included). After a rollback the caller pushes the restored weights to its rollout engine."""
     from arena_train.checkpoint import checkpoint_folders, newest_verified_checkpoint, save_checkpoint
 
     found: list = [None]

@@ -39,7 +39,7 @@ import numpy as np
 import tyro
 
 from arena_envs import ENV_IDS, held_out_split
-from arena_train.cli import env_id_problem
+from arena_train.mixture import env_id_problem
 from arena_train.models import model_path_problem
 from arena_train.rollout import EVAL_SEED_OFFSET, VAL_TEMPERATURE, VAL_TOP_K, VAL_TOP_P
 from eval.stats import Estimate, mean_ci, pass_at_k, proportion_ci

@@ -13,12 +13,12 @@ from hypothesis import strategies as st
 from arena_envs import env_recipe
 from arena_train.cli import (
     args_problem,
-    env_id_problem,
     parse_args,
     range_problem,
     requested_profile,
     split_passthrough,
 )
+from arena_train.mixture import env_id_problem
 
 
 @dataclasses.dataclass
@@ -66,10 +66,10 @@ def test_grpo_profiles():
     grpo = load_script("grpo")
     cpu = parse_args(grpo.Args, grpo.GPU_PROFILE, [])
     assert (cpu.env_id, cpu.num_groups, cpu.group_size, cpu.learning_rate, cpu.rollout_backend) == (
-        "ARL/Sokoban-Mini-v0", 8, 8, 1e-4, "hf")
+        ["ARL/Sokoban-Mini-v0"], 8, 8, 1e-4, "hf")
     gpu = parse_args(grpo.Args, grpo.GPU_PROFILE, ["--profile", "gpu", "--loss-agg", "seq-mean-token-mean"])
     assert (gpu.env_id, gpu.num_groups, gpu.learning_rate, gpu.mixed_precision, gpu.loss_agg_mode) == (
-        "ARL/Sokoban-v0", 16, 1e-6, "bf16", "seq-mean-token-mean")
+        ["ARL/Sokoban-v0"], 16, 1e-6, "bf16", "seq-mean-token-mean")
     for key, value in grpo.GPU_PROFILE.items():  # the table lists only what differs from the CPU defaults
         assert getattr(cpu, key) != value and getattr(gpu, key) == value
     # the paper's prompt layout on GPU, compact for tiny models; both evaluate with ARLArena's validation sampling
