@@ -14,6 +14,7 @@ can see, forge or compare against an expected value.
 from __future__ import annotations
 
 import ast
+import copy
 import functools
 from dataclasses import dataclass
 
@@ -163,7 +164,8 @@ def generate_task(seed: int, num_modules: int = 3, functions_per_module: int = 5
                     raise ValueError(f"catalogue call {call!r} raises on the correct source: {want}")
                 test = (f"test_{template.name}_{k + 1}", call, repr(want))
                 test_id = f"{test_path}::{test[0]}"
-                hidden.append(HiddenTest(test_id, f"{package}.{module}", template.name, *_arguments(call), want))
+                hidden.append(HiddenTest(test_id, f"{package}.{module}", template.name, *_arguments(call),
+                                         copy.deepcopy(want)))  # not the cached object of ``outcomes``
                 (f2p if k in failing else p2p).append(test_id)
                 if k not in failing or k == min(failing):
                     visible_tests.append(test)
