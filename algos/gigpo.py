@@ -509,6 +509,9 @@ def main(args: Args) -> None:
     push_metrics = backend.push(accelerator.unwrap_model(policy))
     logger = MetricsLogger(run_dir, start_iteration, args.wandb_project if args.track else None, args.run_name,
                            {**asdict(args), "world_size": world}) if accelerator.is_main_process else None
+    if start_iteration == 1 and monitor.config.on_collapse in ("stop", "rollback"):  # the start weights: the first
+        monitor.checkpointed(0)  # healthy checkpoint, for a collapse in the first iterations
+        save_checkpoint(accelerator, run_dir, 0, keep)
 
     def make_env(env_id: str, split: str):
         return wrappers.make_env(env_id, history_length=args.history_length, format_penalty=args.format_penalty,
