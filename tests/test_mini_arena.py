@@ -23,7 +23,7 @@ TINY = ["--bc-episodes", "12", "--bc-max-steps", "4", "--bc-batch-size", "8", "-
         "--bc-eval-episodes", "2", "--bc-eval-start", "2", "--rl-iterations", "2", "--num-groups", "2",
         "--group-size", "2",
         "--mini-batch-size", "16", "--rl-eval-every", "1", "--rl-eval-episodes", "2", "--eval-episodes", "3",
-        "--max-response-tokens", "8"]
+        "--max-response-tokens", "12"]
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
