@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import shutil
 import statistics
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
@@ -214,6 +214,7 @@ def _fresh_state() -> dict[str, Any]:
         "updates": 0,  # update() calls since the start or the last restore (the warm-up counts these)
         "tracks": {},  # drop signals: {"recent": [[iteration, value], ...], "best": float | None}
         "history": {},  # running-median metrics: [[iteration, value], ...] (finite, at most `window`)
+        "success": [],  # raw rollout success [[iteration, value], ...] (at most `window`): where a collapse began
         "streaks": {},  # signal -> [consecutive bad iterations, onset]
         "active": [],  # signals that fired on the last update (an event is written when one starts)
         "checkpoints": [],  # iterations of the checkpoints taken on the current (not rolled-back) branch
@@ -257,6 +258,7 @@ class CollapseMonitor:
         s["history"] = {k: [p for p in v if p[0] <= checkpoint] for k, v in s["history"].items()}
         for track in s["tracks"].values():
             track["recent"] = [p for p in track["recent"] if p[0] <= checkpoint]
+        s["success"] = [p for p in s.get("success", []) if p[0] <= checkpoint]
         s["streaks"], s["active"], s["updates"] = {}, [], 0
 
     def unrestorable(self, decision: Decision) -> None:
@@ -333,6 +335,7 @@ class CollapseMonitor:
             found.append(Signal("nonfinite", value[bad_keys[0]], math.inf, f"non-finite {', '.join(bad_keys)}",
                                 self._onset("nonfinite")))
         if SUCCESS_KEY in finite:
+            self.state["success"] = (self.state.get("success", []) + [[iteration, finite[SUCCESS_KEY]]])[-cfg.window:]
             found.append(self._drop("success_drop", SUCCESS_KEY, iteration, finite[SUCCESS_KEY], cfg.success_drop,
                                     cfg.success_window, cfg.success_patience, cfg.success_min_peak,
                                     f" (mean of {cfg.success_window})"))
@@ -374,6 +377,20 @@ class CollapseMonitor:
             return None
         return Signal(name, value, threshold, f"{reason} for {count} iteration{'s' * (count > 1)}", self._onset(name))
 
+    def _success_onset(self) -> int | None:
+        """The iteration after the last one whose raw rollout success still reached ``success_drop`` x its best so
+        far (once that best is ≥ ``success_min_peak``), or None while the latest one does: a collapse announced by
+        another signal may have begun earlier in success, and the healthy checkpoint must predate that."""
+        cfg, values = self.config, self.state.get("success", [])
+        best, last_good = -math.inf, None
+        for k, (_, v) in enumerate(values):
+            best = max(best, v)
+            if best < cfg.success_min_peak or v >= cfg.success_drop * best:
+                last_good = k
+        if last_good is None or last_good == len(values) - 1:
+            return None
+        return values[last_good][0] + 1
+
     # --- one iteration -----------------------------------------------------------------------------------------
     def update(self, iteration: int, metrics: Mapping[str, float]) -> MonitorStep:
         """Check this iteration's (pooled) metrics; returns the signals, the decision and what to log."""
@@ -384,6 +401,9 @@ class CollapseMonitor:
         signals = self._check(iteration, metrics)
         if s["updates"] <= cfg.warmup:
             signals = [sig for sig in signals if sig.name == "nonfinite"]
+        early = self._success_onset()
+        if early is not None:  # the bad stretch began where success fell, if that came first
+            signals = [replace(sig, onset=min(sig.onset, early)) for sig in signals]
         decision = decide(signals, s["checkpoints"], cfg.on_collapse, s["rollbacks"], cfg.max_rollbacks,
                           cfg.rollback_lr_scale)
         acting = decision.action in ("stop", "rollback")

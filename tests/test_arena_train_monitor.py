@@ -199,6 +199,25 @@ def test_rollback_stream_restores_twice_then_stops():
     assert [e["action"] for e in summary["stability/events"]] == ["rollback", "rollback", "stop"]
 
 
+def test_a_collapse_that_began_in_success_goes_back_before_that():
+    """Success falls to 0 at iteration 51 (drawn by checkpoint 50's weights) and the format only from 54: the
+    format alarm's rollback must skip checkpoint 50, whose weights already failed, to checkpoint 40."""
+    monitor = CollapseMonitor(CollapseConfig(on_collapse="rollback"))
+    rows = healthy_stream(HIGH_PEAK_SEEDS[0], 80)
+    for it, row in enumerate(rows, start=1):
+        if it > 50:
+            row["rollout/success_rate"] = 0.0
+        if it > 53:
+            row["rollout/valid_format_ratio"] = row["rollout/valid_action_ratio"] = 0.0
+        step = monitor.update(it, row)
+        if step.decision.action == "rollback":
+            break
+        if it % 10 == 0:
+            monitor.checkpointed(it)
+    assert step.decision.action == "rollback" and it <= 56
+    assert step.decision.checkpoint == 40 and min(s.onset for s in step.signals) == 51
+
+
 def test_restored_forgets_the_collapsed_stretch():
     monitor = CollapseMonitor(CollapseConfig(on_collapse="rollback"))
     rows = healthy_stream(3)
