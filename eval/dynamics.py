@@ -30,7 +30,7 @@ def alarm_events(run_dir: Path) -> list[dict]:
     return json.loads(path.read_text()).get("stability/events", []) if path.exists() else []
 
 
-def plot(run_dirs: list[Path], out: Path, labels: list[str] | None = None) -> None:
+def plot(run_dirs: list[Path], out: Path, labels: list[str] | None = None, start: float | None = None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -52,6 +52,8 @@ def plot(run_dirs: list[Path], out: Path, labels: list[str] | None = None) -> No
                 at = its.tolist().index(e["iteration"]) if e["iteration"] in its.tolist() else None
                 if at is not None:
                     ax.plot(its[at], vals[at], MARKERS.get(e["action"], "x"), color=color, markersize=9)
+    if start is not None:
+        axes.flat[0].axhline(start, color="gray", linestyle="--", label="start (held-out)")
     axes.flat[0].legend(fontsize=8)
     for ax in axes[1]:
         ax.set_xlabel("iteration")
@@ -72,12 +74,14 @@ class Args:
     """the figure"""
     labels: list[str] = field(default_factory=list)
     """one legend label per run (default: the run names)"""
+    start: float | None = None
+    """held-out success of the runs' start (e.g. the BC checkpoint), drawn as a dashed line"""
 
 
 def main(args: Args) -> None:
     if args.labels and len(args.labels) != len(args.runs):
         raise SystemExit(f"error: --labels has {len(args.labels)} names for {len(args.runs)} runs; give one per run")
-    plot(args.runs, args.out, args.labels or None)
+    plot(args.runs, args.out, args.labels or None, args.start)
     print(f"wrote {args.out}")
 
 

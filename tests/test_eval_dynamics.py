@@ -22,7 +22,7 @@ def test_plots_runs_with_their_events(tmp_path):
     write_run(tmp_path / "a", [{"iteration": 6, "action": "rollback", "signal": "grad_spike"}])
     write_run(tmp_path / "b", [])
     assert alarm_events(tmp_path / "a")[0]["action"] == "rollback" and alarm_events(tmp_path / "b") == []
-    main(Args(runs=[tmp_path / "a", tmp_path / "b"], out=tmp_path / "fig.png", labels=["alarm", "none"]))
+    main(Args(runs=[tmp_path / "a", tmp_path / "b"], out=tmp_path / "fig.png", labels=["alarm", "none"], start=0.4))
     assert (tmp_path / "fig.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
