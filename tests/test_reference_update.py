@@ -118,6 +118,12 @@ def test_grpo_every_aggregation_and_micro_batch_size(agg, micro, tiny, tmp_path)
         "trajectory-dr-grpo"])
 def test_grpo_paths(flags, tiny, tmp_path):
     check("grpo", tiny, tmp_path, [*flags, *MULTI])
+    if "--rollout-is" in flags:  # the disagreement is measured and logged (noise of 0.3 nats per token)
+        import json
+
+        last = json.loads((tmp_path / "runs" / "r" / "metrics.jsonl").read_text().splitlines()[-1])
+        assert last["rollout_is/ratio_out_frac"] > 0.3 and last["rollout_is/prob_diff_max"] > 0
+        assert last["rollout_is/prob_diff_mean"] > 0
 
 
 #: Per method: flags that switch on its own paths (with several micro-batches, mini-batches and epochs).
