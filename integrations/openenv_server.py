@@ -27,6 +27,7 @@ from starlette.websockets import WebSocketDisconnect
 
 import arena_envs  # noqa: F401  (registers the ARL/* ids)
 from integrations.openenv_models import ARLAction, ARLObservation, jsonable
+from wrappers.special_tokens import escape_turn_markers
 
 
 class ARLEnvironment(Environment[ARLAction, ARLObservation, State]):
@@ -46,12 +47,13 @@ class ARLEnvironment(Environment[ARLAction, ARLObservation, State]):
               **kwargs: Any) -> ARLObservation:
         obs, info = self._env.reset(seed=None if seed is None else int(seed), options=options)
         self._state = State(episode_id=episode_id or str(uuid4()), step_count=0)
-        return ARLObservation(text=obs, reward=0.0, info=jsonable(info), anchor=self._anchor(obs))
+        # clients tokenize the text: env text never carries a turn marker
+        return ARLObservation(text=escape_turn_markers(obs), reward=0.0, info=jsonable(info), anchor=self._anchor(obs))
 
     def step(self, action: ARLAction, timeout_s: float | None = None, **kwargs: Any) -> ARLObservation:
         obs, reward, terminated, truncated, info = self._env.step(action.text)
         self._state.step_count += 1
-        return ARLObservation(text=obs, reward=float(reward), done=bool(terminated or truncated),
+        return ARLObservation(text=escape_turn_markers(obs), reward=float(reward), done=bool(terminated or truncated),
                               terminated=bool(terminated), truncated=bool(truncated), info=jsonable(info),
                               anchor=self._anchor(obs))
 

@@ -33,6 +33,7 @@ from typing import Any
 
 import wrappers
 from arena_train.mixture import Mixture
+from wrappers.special_tokens import escape_turn_markers
 
 #: Returned by ``act`` once the episode is over (TRL feeds a tool's exception text back to the model).
 EPISODE_OVER = "The episode is over; do not call act again."
@@ -55,7 +56,7 @@ class TRLEnvironment:
         """Start the episode of task ``seed`` (a dataset column); other row columns are ignored."""
         _, info = self._env.reset(seed=None if seed is None else int(seed))
         self._return, self._done = 0.0, False
-        return info["messages"][-1]["content"]
+        return escape_turn_markers(info["messages"][-1]["content"])  # TRL tokenizes it: no forged turn
 
     def act(self, response: str) -> str:
         """Play your turn in the environment and receive the next observation.
@@ -73,9 +74,9 @@ class TRLEnvironment:
         self._return += float(reward)
         self._done = bool(terminated or truncated)
         if not self._done:
-            return info["messages"][-1]["content"]
+            return escape_turn_markers(info["messages"][-1]["content"])
         outcome = "solved" if info["won"] else "not solved"
-        return f"The episode is over ({outcome}). Final observation:\n{info['observation']}"
+        return escape_turn_markers(f"The episode is over ({outcome}). Final observation:\n{info['observation']}")
 
     def get_reward(self) -> float:
         """The episode's return (format penalties included); an unfinished episode first plays one empty turn."""

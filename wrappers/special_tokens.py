@@ -46,3 +46,10 @@ def escape_messages(messages: list[dict[str, str]], tokenizer) -> list[dict[str,
     """Chat messages whose contents cannot become special tokens (roles and keys unchanged)."""
     return [{**m, "content": escape_special_tokens(m["content"], tokenizer)} if isinstance(m.get("content"), str)
             else m for m in messages]
+
+
+def escape_turn_markers(text: str) -> str:
+    """For text handed to a caller that tokenizes it (the TRL and OpenEnv adapters), without the caller's
+    tokenizer: every ``<|`` gets a zero-width space, which breaks the special-token texts of ChatML-style templates
+    (``<|im_start|>``, ``<|im_end|>``, ``<|eot_id|>``, ``<|endoftext|>`` ...)."""
+    return text.replace("<|", "<" + ZERO_WIDTH_SPACE + "|")
