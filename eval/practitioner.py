@@ -139,8 +139,9 @@ def arena_args(args: Args) -> mini_arena.Args:
               "bc_eval_every", "bc_eval_start", "bc_eval_episodes", "rl_iterations", "num_groups", "group_size",
               "learning_rate", "temperature", "mini_batch_size", "eval_episodes", "max_response_tokens",
               "max_prompt_tokens", "torch_threads")
-    arena = mini_arena.Args(profile="tiny", out=args.out, rl_eval_every=0, rl_eval_episodes=1,
-                            **{k: getattr(args, k) for k in shared})
+    # the studies' BC start is the env's own expert (TextWorld has no other teacher), as in their published figures
+    arena = mini_arena.Args(profile="tiny", out=args.out, rl_eval_every=0, rl_eval_episodes=1, teacher="expert",
+                            think_horizon=0, **{k: getattr(args, k) for k in shared})
     return mini_arena.resolve(arena)
 
 
