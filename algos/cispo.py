@@ -480,6 +480,7 @@ def main(args: Args) -> None:
         sums: dict[str, list[float]] = defaultdict(list)
         grad_norms, skipped, update_tokens = [], 0, 0
         mismatch: dict[str, list[float]] = defaultdict(list)
+        env_ratios: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])  # out-of-band, tokens, log-ratio
         for order in orders:
             for mb_index in np.array_split(np.array(order, dtype=np.int64), n_minibatches):
                 mb_rows: list[Row] = [rows[j] for j in mb_index]  # may be empty here: this process still joins
@@ -540,6 +541,16 @@ def main(args: Args) -> None:
                         accelerator.backward(loss * (world if micro_rows else 0.0))
                     non_finite += float(not torch.isfinite(loss).item())
                     update_tokens += int(batch["attention_mask"].sum()) if micro_rows else 0
+                    if len(mixture.env_ids) > 1 and micro_rows:  # each env's importance ratios apart (env/<name>/*)
+                        with torch.no_grad():
+                            log_ratio = torch.clamp(logp - batch["old_logp"], -20.0, 20.0)
+                            ratio = torch.exp(log_ratio)
+                            outside = ((ratio < 1 - args.clip_ratio_low) | (ratio > 1 + args.clip_ratio_high)).float()
+                            for b, row in enumerate(micro_rows):
+                                sums_b = env_ratios[row.env]
+                                sums_b[0] += float((outside[b] * mask[b]).sum())
+                                sums_b[1] += float(mask[b].sum())
+                                sums_b[2] += float((-log_ratio[b] * mask[b]).sum())
                     for key, value in metrics.items():
                         if key in LOSS_METRICS:  # every process logs every term, 0 for its padding
                             loss_terms[key] += float(value) if micro_rows else 0.0
@@ -566,6 +577,11 @@ def main(args: Args) -> None:
                                         t_rollout=t_rollout, t_update=t_update, count_keys=COUNT_METRICS)
         if len(mixture.env_ids) > 1:  # env/<name>/*: every env of the mixture apart
             metrics_out.update(env_metrics(accelerator, mixture.names, episodes=episodes, rows=rows))
+            totals = accelerator.reduce(torch.tensor([env_ratios[name] for name in mixture.names], dtype=torch.float64,
+                                                     device=device), reduction="sum")  # the same order everywhere
+            for name, (out, tokens, neg_log_ratio) in zip(mixture.names, totals.tolist()):
+                metrics_out[f"env/{name}/ratio_out_frac"] = out / tokens if tokens else float("nan")
+                metrics_out[f"env/{name}/approx_kl"] = neg_log_ratio / tokens if tokens else float("nan")
         metrics_out.update(push_metrics)
         if args.rollout_is != "none":  # every process holds rows, so every process has values
             for key, values in mismatch.items():

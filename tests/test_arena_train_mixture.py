@@ -4,6 +4,7 @@ pooling, the resume check, one id exactly as before, and end-to-end runs of algo
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -332,6 +333,8 @@ def test_two_env_run_logs_every_env_and_refuses_another_mixture_on_resume(tiny_m
         for name in ("Sokoban-Mini", "WebShop"):
             assert all(f"env/{name}/{key}" in line for key in KEYS)
         assert sum(line[f"env/{n}/num_rows"] for n in ("Sokoban-Mini", "WebShop")) == line["rollout/num_rows"]
+        for name in ("Sokoban-Mini", "WebShop"):  # each env's importance ratios against its own old policy
+            assert 0.0 <= line[f"env/{name}/ratio_out_frac"] <= 1.0 and math.isfinite(line[f"env/{name}/approx_kl"])
     assert {"eval/success_rate", "eval/Sokoban-Mini/success_rate", "eval/WebShop/success_rate"} <= set(lines[-1])
     assert json.loads((tmp_path / "r" / "args.json").read_text())["env_id"] == [SOKOBAN, WEBSHOP]
     proc = run_grpo(tmp_path, tiny_model, "--env-id", SOKOBAN, WEBSHOP, "--env-weights", "0.2", "0.8",

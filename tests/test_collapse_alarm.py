@@ -86,3 +86,55 @@ def test_rollback_restores_and_lowers_the_learning_rate_then_stops(tiny, tmp_pat
     state = torch.load(sorted((tmp_path / "r" / "checkpoints").glob("iter_*"))[-1] / "optimizer.bin",
                        weights_only=False)
     assert state["param_groups"][0]["lr"] == pytest.approx(5e-3 * 0.5)
+
+
+# ---- a real collapse on the mini-arena's env: a BC start, then 30x the CPU learning rate --------------------------
+COLLAPSE = ["--num-groups", "4", "--group-size", "4", "--max-turns", "10", "--max-response-tokens", "8",
+            "--learning-rate", "3e-3", "--temperature", "0.7", "--kl-coef", "0", "--checkpoint-every", "1",
+            "--eval-every", "0"]
+
+
+@pytest.fixture(scope="module")
+def bc_start(tmp_path_factory) -> str:
+    """A short behaviour cloning of the tiny model on Sokoban-Mini (algos/sft.py): valid format ~0.9."""
+    out = tmp_path_factory.mktemp("bc")
+    cmd = [sys.executable, str(ROOT / "algos" / "sft.py"), "--output-dir", str(out / "bc"), "--num-steps", "150",
+           "--num-episodes", "300", "--eval-every", "150", "--eval-episodes", "20", "--max-response-tokens", "8"]
+    proc = subprocess.run(cmd, env={**env(), "ARENA_CACHE": str(out / "cache")}, capture_output=True, text=True,
+                          timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return str(out / "bc")
+
+
+def run_collapse(bc: str, out: Path, *flags: str) -> list[dict]:
+    cmd = [sys.executable, str(ROOT / "algos" / "grpo.py"), "--model-path", bc, "--output-dir", str(out),
+           "--run-name", "r", *COLLAPSE, *flags]
+    proc = subprocess.run(cmd, env=env(), capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return [json.loads(x) for x in (out / "r" / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_induced_collapse_on_the_mini_arena(bc_start, tmp_path):
+    """Without an action the valid format falls from ~0.9 to 0 and stays there; the alarm fires at the end of its
+    5-iteration warm-up; stop ends on the start weights; rollback (rate x0.03) brings the format back."""
+    lines = run_collapse(bc_start, tmp_path / "warn", "--num-iterations", "12", "--on-collapse", "warn")
+    start = lines[0]["rollout/valid_format_ratio"]
+    assert start >= 0.7 and all(x["rollout/valid_format_ratio"] < 0.1 for x in lines[3:])  # the collapse
+    fired = events(tmp_path / "warn")
+    assert fired and fired[0]["iteration"] <= 6 and {e["signal"] for e in fired} >= {"format_drop"}
+
+    run_collapse(bc_start, tmp_path / "stop", "--num-iterations", "12", "--on-collapse", "stop")
+    first = events(tmp_path / "stop")[0]
+    assert first["action"] == "stop" and first["iteration"] <= 6 and first["checkpoint"] == 0
+    checkpoints = tmp_path / "stop" / "r" / "checkpoints"
+    newest = checkpoints / json.loads((checkpoints / "latest.json").read_text())["dir"]
+    verify_checkpoint(newest)
+    assert (newest / "model.safetensors").read_bytes() == (checkpoints / "iter_000000" / "model.safetensors"
+                                                           ).read_bytes()  # the pre-collapse weights
+
+    lines = run_collapse(bc_start, tmp_path / "rollback", "--num-iterations", "16", "--on-collapse", "rollback",
+                         "--rollback-lr-scale", "0.03")
+    assert events(tmp_path / "rollback")[0]["action"] == "rollback"
+    after = [x["rollout/valid_format_ratio"] for x in lines if x.get("stability/lr_scale") == pytest.approx(0.03)]
+    assert len(after) >= 5 and min(after[1:]) >= 0.8 * start  # the format is back and stays
