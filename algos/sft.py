@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import random
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +35,7 @@ from arena_train.bc import (
     warmup_cosine_lr,
 )
 from arena_train.cli import parse_args, range_problem
+from arena_train.mixture import Mixture
 from arena_train.models import BC_CHECKPOINT, model_path_problem
 from arena_train.rollout import RolloutConfig
 from arena_train.run_dir import clear_run, run_dir_problem
@@ -46,8 +47,10 @@ SFT_ENTRIES = ("config.json", "model.safetensors", "sft_metrics.jsonl", "sft_sum
 
 @dataclass
 class Args:
-    env_id: str = "ARL/Sokoban-Mini-v0"
-    """registered ARLArena env id"""
+    env_id: list[str] = field(default_factory=lambda: ["ARL/Sokoban-Mini-v0"])
+    """registered ARLArena env id; several ids clone one model on all of them (--env-weights)"""
+    env_weights: list[float] | None = None
+    """share of --num-episodes and of the validation episodes per --env-id (default: equal)"""
     model_path: str = "tiny"
     """'tiny' (fresh tiny Qwen3), 'smollm2', a local folder or a HF hub id"""
     tiny_size: str = "xs"
@@ -116,16 +119,25 @@ def main(args: Args) -> None:
     hf_logging.disable_progress_bar()
     random.seed(args.seed), np.random.seed(args.seed), torch.manual_seed(args.seed)
 
-    def make_env():
-        return wrappers.make_env(args.env_id, history_length=args.history_length, format_penalty=args.format_penalty,
-                                 prompt_style=args.prompt_style)
+    mixture = Mixture.parse(args.env_id, args.env_weights)
+
+    def env_maker(env_id: str):
+        return lambda: wrappers.make_env(env_id, history_length=args.history_length,
+                                         format_penalty=args.format_penalty, prompt_style=args.prompt_style)
+
+    def shares(total: int) -> list[int]:  # a weight's share of ``total`` (largest remainders)
+        exact = total * np.asarray(mixture.weights)
+        counts = np.floor(exact).astype(int)
+        for k in np.argsort(counts - exact)[:total - int(counts.sum())]:
+            counts[k] += 1
+        return counts.tolist()
 
     t0 = time.perf_counter()
-    data = collect_expert_data(make_env, args.num_episodes, args.max_turns, args.random_action_prob, args.think,
-                               args.seed)
+    data = [example for env_id, n in zip(mixture.env_ids, shares(args.num_episodes)) for example in
+            collect_expert_data(env_maker(env_id), n, args.max_turns, args.random_action_prob, args.think, args.seed)]
     print(f"collected {len(data)} expert examples from {args.num_episodes} episodes in "
           f"{time.perf_counter() - t0:.1f} s")
-    model, tokenizer = load_or_build_model(args.model_path, data, args.env_id, args.tiny_size, args.seed)
+    model, tokenizer = load_or_build_model(args.model_path, data, mixture.label, args.tiny_size, args.seed)
     if args.lora:
         from peft import LoraConfig, get_peft_model
 
@@ -154,8 +166,11 @@ def main(args: Args) -> None:
         losses.append(loss.item())
         if (step + 1) % args.eval_every == 0 or step + 1 == args.num_steps:
             model.eval()
-            success = validation_success(model, tokenizer, make_env, args.eval_episodes, validation)
+            per_env = {name: validation_success(model, tokenizer, env_maker(env_id), n, validation)
+                       for name, env_id, n in zip(mixture.names, mixture.env_ids, shares(args.eval_episodes)) if n}
+            success = float(np.average(list(per_env.values()), weights=[n for n in shares(args.eval_episodes) if n]))
             record = {"step": step + 1, "loss": float(np.mean(losses[-args.eval_every:])), "eval/success_rate": success,
+                      **({f"eval/{k}/success_rate": v for k, v in per_env.items()} if len(per_env) > 1 else {}),
                       "time_s": time.perf_counter() - t0}
             log.write(json.dumps(record) + "\n")
             log.flush()

@@ -35,6 +35,23 @@ def test_sft_smoke_then_grpo_loads_the_checkpoint(tmp_path):
     assert len(tok.encode("<think></think><action>up</action>", add_special_tokens=False)) <= 6
 
 
+@pytest.mark.slow
+def test_sft_on_two_envs_validates_each(tmp_path):
+    """--env-id A B: the episodes are split by --env-weights and the validation reports every env apart."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "ARENA_CACHE": str(tmp_path / "cache")}
+    out = tmp_path / "bc"
+    cmd = [sys.executable, str(ROOT / "algos" / "sft.py"), "--output-dir", str(out), "--env-id",
+           "ARL/Sokoban-Mini-v0", "ARL/WebShop-v0", "--env-weights", "3", "1", "--num-episodes", "8",
+           "--num-steps", "2", "--batch-size", "8", "--warmup-steps", "1", "--eval-every", "2", "--eval-episodes", "4",
+           "--max-turns", "2", "--max-response-tokens", "8"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    record = json.loads((out / "sft_metrics.jsonl").read_text().splitlines()[-1])
+    assert {"eval/success_rate", "eval/Sokoban-Mini/success_rate", "eval/WebShop/success_rate"} <= set(record)
+    assert record["eval/success_rate"] == pytest.approx(0.75 * record["eval/Sokoban-Mini/success_rate"]
+                                                        + 0.25 * record["eval/WebShop/success_rate"])
+
+
 def test_expert_data_uses_wrapper_prompts_and_format():
     import wrappers
     from arena_train.bc import collect_expert_data
