@@ -48,11 +48,11 @@ from arena_train.cli import parse_args
 from arena_train.dist import param_sync_error
 from arena_train.logger import MetricsLogger, env_metrics, iteration_metrics
 from arena_train.memory import print_run_plan
-from arena_train.mixture import Mixture, MixtureRollout, check_resume
+from arena_train.mixture import EnvRatios, Mixture, MixtureRollout, check_resume
 from arena_train.models import BC_CHECKPOINT, load_policy_and_reference, resolve_policy_path
 from arena_train.monitor import CollapseConfig, CollapseMonitor, checkpoints_to_keep, restore_healthy
 from arena_train.rollout import VAL_TEMPERATURE, VAL_TOP_K, VAL_TOP_P, RolloutConfig, Row
-from arena_train.rollout_is import mismatch_stats, rollout_is_weights
+from arena_train.rollout_is import pooled_mismatch, rollout_correction
 from arena_train.run_dir import prepare_run_dir
 from arena_train.sharding import (
     make_accelerator,
@@ -494,7 +494,7 @@ def main(args: Args) -> None:
         sums: dict[str, list[float]] = defaultdict(list)
         grad_norms, skipped, update_tokens = [], 0, 0
         mismatch: dict[str, list[float]] = defaultdict(list)
-        env_ratios: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])  # out-of-band, tokens, log-ratio
+        env_ratios = EnvRatios()
         for order in orders:
             for mb_index in np.array_split(np.array(order, dtype=np.int64), n_minibatches):
                 mb_rows: list[Row] = [rows[j] for j in mb_index]  # may be empty here: this process still joins
@@ -528,16 +528,11 @@ def main(args: Args) -> None:
                         logp, entropy = sequence_logprobs(policy, batch, args.temperature)
                         fill_old_logp(batch, logp, micro_rows)  # the first mini-batch's rows (not scored)
                         mask = batch["mask"]
-                        is_weights = None  # rollout/trainer correction: per-token weights of the policy loss
-                        if args.rollout_is != "none":
-                            scored = mask * batch["has_rollout_logp"][:, None].to(mask.dtype)
-                            is_weights = torch.where(scored > 0, rollout_is_weights(
-                                batch["old_logp"], batch["rollout_logp"], scored, args.rollout_is, args.rollout_is_cap),
-                                torch.ones_like(mask))
-                            if micro_rows:
-                                for key, value in mismatch_stats(batch["old_logp"], batch["rollout_logp"],
-                                                                 scored).items():
-                                    mismatch[key].append(float(value))
+                        # rollout/trainer correction: per-token weights of the policy loss (None: off)
+                        is_weights, batch_mismatch = rollout_correction(batch, mask, args.rollout_is,
+                                                                        args.rollout_is_cap)
+                        for key, value in batch_mismatch.items() if micro_rows else ():
+                            mismatch[key].append(value)
                         # ALGO LOGIC: loss of one micro-batch (defines `loss` and `metrics`)
                         pg_loss, metrics = policy_loss(
                             logp, batch["old_logp"], batch["advantages"], mask, clip_low=args.clip_ratio_low,
@@ -556,15 +551,8 @@ def main(args: Args) -> None:
                     non_finite += float(not torch.isfinite(loss).item())
                     update_tokens += int(batch["attention_mask"].sum()) if micro_rows else 0
                     if len(mixture.env_ids) > 1 and micro_rows:  # each env's importance ratios apart (env/<name>/*)
-                        with torch.no_grad():
-                            log_ratio = torch.clamp(logp - batch["old_logp"], -20.0, 20.0)
-                            ratio = torch.exp(log_ratio)
-                            outside = ((ratio < 1 - args.clip_ratio_low) | (ratio > 1 + args.clip_ratio_high)).float()
-                            for b, row in enumerate(micro_rows):
-                                sums_b = env_ratios[row.env]
-                                sums_b[0] += float((outside[b] * mask[b]).sum())
-                                sums_b[1] += float(mask[b].sum())
-                                sums_b[2] += float((-log_ratio[b] * mask[b]).sum())
+                        env_ratios.add(micro_rows, logp, batch["old_logp"], mask, args.clip_ratio_low,
+                                       args.clip_ratio_high)
                     for key, value in metrics.items():
                         if key in LOSS_METRICS:  # every process logs every term, 0 for its padding
                             loss_terms[key] += float(value) if micro_rows else 0.0
@@ -591,17 +579,9 @@ def main(args: Args) -> None:
                                         t_rollout=t_rollout, t_update=t_update, count_keys=COUNT_METRICS)
         if len(mixture.env_ids) > 1:  # env/<name>/*: every env of the mixture apart
             metrics_out.update(env_metrics(accelerator, mixture.names, episodes=episodes, rows=rows))
-            totals = accelerator.reduce(torch.tensor([env_ratios[name] for name in mixture.names], dtype=torch.float64,
-                                                     device=device), reduction="sum")  # the same order everywhere
-            for name, (out, tokens, neg_log_ratio) in zip(mixture.names, totals.tolist()):
-                metrics_out[f"env/{name}/ratio_out_frac"] = out / tokens if tokens else float("nan")
-                metrics_out[f"env/{name}/approx_kl"] = neg_log_ratio / tokens if tokens else float("nan")
+            metrics_out.update(env_ratios.metrics(accelerator, mixture.names))
         metrics_out.update(push_metrics)
-        if args.rollout_is != "none":  # every process holds rows, so every process has values
-            for key, values in mismatch.items():
-                pooled = accelerator.gather(torch.tensor([max(values) if key.endswith("_max") else np.mean(values)],
-                                                         device=device))
-                metrics_out[f"rollout_is/{key}"] = float(pooled.max() if key.endswith("_max") else pooled.mean())
+        metrics_out.update(pooled_mismatch(accelerator, mismatch))  # every process holds rows, so values
         # ALGO LOGIC: method-specific metrics into metrics_out (none for GRPO)
         # END ALGO LOGIC
         if args.eval_every > 0 and (iteration % args.eval_every == 0 or iteration == args.num_iterations):

@@ -303,3 +303,37 @@ class MixtureRollout:
         if len(wins) > 1:
             out.update(pooled_means(accelerator, wins))
         return out
+
+
+class EnvRatios:
+    """Each env's importance ratios in an update (``env/<name>/ratio_out_frac``, ``env/<name>/approx_kl``): the
+    share of its loss tokens whose ratio π/π_old lies outside the clip band, and its mean log(π_old/π)."""
+
+    def __init__(self):
+        self.sums: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])  # out of band, tokens, log-ratio
+
+    def add(self, rows: list, logp, old_logp, mask, clip_low: float, clip_high: float) -> None:
+        """One micro-batch: rows (B,) carrying ``env``, (B, T) log-probs, old log-probs and loss mask."""
+        import torch
+
+        with torch.no_grad():
+            log_ratio = torch.clamp(logp - old_logp, -20.0, 20.0)
+            ratio = torch.exp(log_ratio)
+            outside = ((ratio < 1 - clip_low) | (ratio > 1 + clip_high)).float() * mask
+            for b, row in enumerate(rows):
+                sums = self.sums[row.env]
+                sums[0] += float(outside[b].sum())
+                sums[1] += float(mask[b].sum())
+                sums[2] += float((-log_ratio[b] * mask[b]).sum())
+
+    def metrics(self, accelerator, names: Sequence[str]) -> dict[str, float]:
+        """Pooled over the processes in one reduction, in the mixture's env order (nan for an env without tokens)."""
+        import torch
+
+        totals = accelerator.reduce(torch.tensor([self.sums[name] for name in names], dtype=torch.float64,
+                                                 device=accelerator.device), reduction="sum")
+        out = {}
+        for name, (outside, tokens, neg_log_ratio) in zip(names, totals.tolist()):
+            out[f"env/{name}/ratio_out_frac"] = outside / tokens if tokens else math.nan
+            out[f"env/{name}/approx_kl"] = neg_log_ratio / tokens if tokens else math.nan
+        return out

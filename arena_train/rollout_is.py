@@ -83,3 +83,29 @@ def rollout_is_weights(old_logp: torch.Tensor, rollout_logp: torch.Tensor, mask:
         else:
             raise ValueError(f"unknown rollout IS mode {mode!r}")
         return weight.expand_as(old_logp) * keep
+
+
+def rollout_correction(batch: dict[str, torch.Tensor], mask: torch.Tensor, mode: str,
+                       cap: float) -> tuple[torch.Tensor | None, dict[str, float]]:
+    """A micro-batch's rollout/trainer correction: (per-token weights (B, T) of the policy loss, 1 on rows the
+    rollout did not score; that batch's ``mismatch_stats``), or (None, {}) for mode 'none'."""
+    if mode == "none":
+        return None, {}
+    scored = mask * batch["has_rollout_logp"][:, None].to(mask.dtype)
+    weights = rollout_is_weights(batch["old_logp"], batch["rollout_logp"], scored, mode, cap)
+    stats = mismatch_stats(batch["old_logp"], batch["rollout_logp"], scored)
+    return torch.where(scored > 0, weights, torch.ones_like(mask)), {k: float(v) for k, v in stats.items()}
+
+
+def pooled_mismatch(accelerator, values: dict[str, list[float]]) -> dict[str, float]:
+    """``rollout_is/<key>`` of an iteration from its micro-batches' statistics on every process (the maximum for
+    ``*_max``, else the mean); every process must hold values."""
+    import numpy as np
+
+    out = {}
+    for key, per_batch in values.items():
+        top = key.endswith("_max")
+        pooled = accelerator.gather(torch.tensor([max(per_batch) if top else float(np.mean(per_batch))],
+                                                 device=accelerator.device))
+        out[f"rollout_is/{key}"] = float(pooled.max() if top else pooled.mean())
+    return out
