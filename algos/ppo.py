@@ -235,9 +235,12 @@ class Args:
     """... once that best is at least this (never having the format is not learning it, not a collapse)"""
     collapse_mismatch_max: float = 0.05
     """mismatch: mean |p_rollout - p_train| of the sampled tokens (rollout_is/prob_diff_mean) above this"""
+    rollout_precision: Literal["trainer", "bf16"] = "trainer"
+    """the rollout engine's precision: the trainer's own, or bfloat16 (a bf16 copy / vLLM engine fed after every
+    update); another engine's log-probs differ from the trainer's: rollout_is/* logs the gap"""
     rollout_is: Literal["none", "tis", "mis"] = "none"
     """rollout/trainer mismatch correction: the trainer rescores every row and weights each token's policy loss by
-    p_train/p_rollout, truncated at the cap (tis) or 0 above it (mis); none: the rollout's log-probs are the old ones"""
+    p_train/p_rollout, truncated at the cap (tis) or 0 above it (mis); none: no weights"""
     rollout_is_cap: float = 2.0
     """cap (>= 1) of the rollout importance weights"""
     # ALGO LOGIC: algorithm hyper-parameters
@@ -490,10 +493,7 @@ def main(args: Args) -> None:
         args.rollout_backend, accelerator, policy, tokenizer, model_path, dtype, seed=args.seed + rank,
         max_model_len=args.max_prompt_tokens + args.max_response_tokens, mixed_precision=args.mixed_precision,
         max_num_seqs=max(args.num_groups // world * args.group_size, args.eval_episodes // world),
-        gpu_memory_utilization=args.vllm_gpu_memory_utilization)
-    if args.rollout_is != "none" and not getattr(backend, "score_rollouts", False):
-        raise SystemExit(f"error: --rollout-is {args.rollout_is} needs the rollout's own log-probs, which this "
-                         "rollout backend does not record; use --rollout-backend hf or --rollout-is none")
+        gpu_memory_utilization=args.vllm_gpu_memory_utilization, precision=args.rollout_precision)
     monitor = CollapseMonitor(CollapseConfig.from_flags(asdict(args)))  # its state travels in every checkpoint
     accelerator.register_for_checkpointing(monitor)
     keep = checkpoints_to_keep(monitor.config, args.checkpoint_every)  # a healthy one survives until an alarm
@@ -539,7 +539,8 @@ def main(args: Args) -> None:
         # the first mini-batch's forward comes before any optimizer step: it gives its rows' old log-probs itself
         score_rows(policy, ref_model, rows, micro_batch_size=args.micro_batch_size, temperature=args.temperature,
                    pad_id=pad_id, device=device, stats=stats, skip_policy=first_minibatch(orders, n_minibatches),
-                   micro_batch_tokens=args.micro_batch_tokens, use_rollout_logp=args.rollout_is == "none")
+                   micro_batch_tokens=args.micro_batch_tokens,
+                   use_rollout_logp=args.rollout_is == "none" and backend.score_rollouts)
         # ALGO LOGIC: scores and advantages of the rows (into `row.advantage`)
         from arena_train.rewards import token_rewards
         from arena_train.trajectory import loss_masks
@@ -610,8 +611,8 @@ def main(args: Args) -> None:
                         fill_old_logp(batch, logp, micro_rows)  # the first mini-batch's rows (not scored)
                         mask = batch["mask"]
                         # rollout/trainer correction: per-token weights of the policy loss (None: off)
-                        is_weights, batch_mismatch = rollout_correction(batch, mask, args.rollout_is,
-                                                                        args.rollout_is_cap)
+                        is_weights, batch_mismatch = rollout_correction(
+                            batch, mask, args.rollout_is, args.rollout_is_cap, not backend.score_rollouts)
                         for key, value in batch_mismatch.items() if micro_rows else ():
                             mismatch[key].append(value)
                         # ALGO LOGIC: loss of one micro-batch (defines `loss` and `metrics`)

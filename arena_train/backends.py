@@ -4,6 +4,11 @@
 ``HFBackend`` generates with the trained model itself (transformers ``generate`` with KV cache), so a push is a
 no-op; ``VLLMBackend`` runs a vLLM engine in the trainer's process and receives the weights after every update.
 Both stop at the tokenizer's end token only and keep it in the response.
+
+Every backend's ``generate_scored`` also returns the log-prob of each sampled token under the distribution that
+drew it (the behaviour policy). ``score_rollouts`` says whether those equal the trainer's own scoring to float
+rounding, so that they may replace its scoring pass; otherwise they measure and correct the rollout/trainer gap
+(``arena_train.rollout_is``).
 """
 
 from __future__ import annotations
@@ -202,19 +207,22 @@ class VLLMBackend:
 
     ``seed`` seeds the engine's sampling (give each process its own); ``max_model_len`` = prompt + response
     tokens; ``max_num_seqs`` = the most sequences of one generate call (sizes the CPU KV cache);
-    ``mixed_precision`` is the trainer's ('no', 'bf16', 'fp16'); ``external_launcher`` gives one engine per
-    process under ``accelerate launch``.
+    ``mixed_precision`` is the trainer's ('no', 'bf16', 'fp16'); ``precision`` 'bf16' runs the engine in
+    bfloat16 whatever the trainer's; ``external_launcher`` gives one engine per process under ``accelerate launch``.
     """
 
+    score_rollouts = False  # another engine: its log-probs measure the gap, never replace the trainer's
+
     def __init__(self, model_path: str, tokenizer, *, seed: int, max_model_len: int, max_num_seqs: int,
-                 mixed_precision: str = "no", gpu_memory_utilization: float = 0.35, external_launcher: bool = False):
+                 mixed_precision: str = "no", gpu_memory_utilization: float = 0.35, external_launcher: bool = False,
+                 precision: str = "trainer"):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process engine: weights pass as tensors
         from transformers import AutoConfig
         from vllm import LLM
 
         self.tokenizer, self.on_gpu = tokenizer, torch.cuda.is_available()
         kwargs: dict[str, Any] = dict(model=model_path, seed=seed, enable_prefix_caching=True,
-                                      max_model_len=max_model_len)
+                                      max_model_len=max_model_len, logprobs_mode="processed_logprobs")
         if external_launcher:
             kwargs["distributed_executor_backend"] = "external_launcher"  # one engine per rank
         if self.on_gpu:  # the trainer's precision ('auto' would downcast a float32 checkpoint)
@@ -229,6 +237,8 @@ class VLLMBackend:
             kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
             kv_bytes = 2 * cfg.num_hidden_layers * kv_heads * head_dim * 4 * max(max_num_seqs, 1) * max_model_len
             kwargs.update(dtype="float32", enforce_eager=True, kv_cache_memory_bytes=kv_bytes)  # K and V, float32
+        if precision == "bf16":
+            kwargs["dtype"] = "bfloat16"
         self.llm = LLM(**kwargs)
 
     def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float,
@@ -245,6 +255,22 @@ class VLLMBackend:
                                 ignore_eos=True)
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
         return [list(o.outputs[0].token_ids) for o in outs]
+
+    def generate_scored(self, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float,
+                        top_k: int | None = None) -> tuple[list[list[int]], list[list[float]], list[list[float]]]:
+        """Sampled ``generate`` with each new token's log-prob as the engine drew it (``processed_logprobs``:
+        after temperature, top-k and top-p). vLLM returns no entropies: 0 (they are used only where a backend's
+        log-probs stand in for the trainer's, which a vLLM engine's never do)."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        params = SamplingParams(n=1, max_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                                top_k=top_k or -1, stop_token_ids=[self.tokenizer.eos_token_id], ignore_eos=True,
+                                logprobs=0)  # 0: the sampled token's log-prob only
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+        tokens = [list(o.outputs[0].token_ids) for o in outs]
+        logps = [[step[t].logprob for t, step in zip(ids, o.outputs[0].logprobs)] for ids, o in zip(tokens, outs)]
+        return tokens, logps, [[0.0] * len(ids) for ids in tokens]
 
     def push(self, model) -> dict[str, float]:
         """Load the trained weights (``lm_head.weight`` included: tied embeddings are otherwise

@@ -86,10 +86,11 @@ def collect_rows(backend, tokenizer, rollout, seeds: list[int], config: RolloutC
     ``id_offset`` (keeps ids unique over several calls of one iteration). Prompts over the budget drop their
     oldest history pairs first (``fit_prompts``). Adds to ``stats``: ``gen_tokens``, ``dropped_history`` (pairs
     left out) and ``truncated_prompts`` (prompts cut in the middle even without history).
-    A backend that scores its rollouts (``HFBackend(score_rollouts=True)``) also fills ``rollout_logp`` and
-    ``rollout_entropy`` of sampled training rows; greedy rollouts and held-out seeds (evaluation: never trained on)
-    skip that work. ``config.row_layout == "trajectory"`` gives one row per episode instead
-    (``arena_train.trajectory.collect_trajectories``).
+    Sampled training rows carry the backend's own log-probs of their tokens and mean entropy (``rollout_logp``,
+    ``rollout_entropy``: the behaviour policy's, from ``generate_scored``, which every arena_train backend has;
+    a custom backend with ``generate`` only leaves them unset); greedy rollouts and held-out seeds (evaluation:
+    never trained on) skip that work. ``config.row_layout == "trajectory"`` gives one row per
+    episode instead (``arena_train.trajectory.collect_trajectories``).
     """
     if config.row_layout == "trajectory":
         return collect_trajectories(backend, tokenizer, rollout, seeds, config, stats, greedy, id_offset)
@@ -97,8 +98,8 @@ def collect_rows(backend, tokenizer, rollout, seeds: list[int], config: RolloutC
         raise ValueError(f"row_layout must be 'step' or 'trajectory', got {config.row_layout!r}")
     rollout.reset(seeds)
     rows: list[Row] = []
-    # the policy's own log-probs, kept on rows that may be trained on
-    scored = (not greedy and getattr(backend, "score_rollouts", False)
+    # the behaviour policy's log-probs, kept on rows that may be trained on
+    scored = (not greedy and hasattr(backend, "generate_scored")
               and any(seed < EVAL_SEED_OFFSET for seed in seeds))
     for _ in range(config.max_turns):
         active = rollout.active()

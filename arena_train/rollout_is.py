@@ -85,16 +85,20 @@ def rollout_is_weights(old_logp: torch.Tensor, rollout_logp: torch.Tensor, mask:
         return weight.expand_as(old_logp) * keep
 
 
-def rollout_correction(batch: dict[str, torch.Tensor], mask: torch.Tensor, mode: str,
-                       cap: float) -> tuple[torch.Tensor | None, dict[str, float]]:
+def rollout_correction(batch: dict[str, torch.Tensor], mask: torch.Tensor, mode: str, cap: float,
+                       other_engine: bool = False) -> tuple[torch.Tensor | None, dict[str, float]]:
     """A micro-batch's rollout/trainer correction: (per-token weights (B, T) of the policy loss, 1 on rows the
-    rollout did not score; that batch's ``mismatch_stats``), or (None, {}) for mode 'none'."""
-    if mode == "none":
+    rollout did not score, or None for mode 'none'; that batch's ``mismatch_stats``). ``other_engine``: the
+    rollout's log-probs come from another engine or precision (the backend's ``score_rollouts`` is False), so the
+    gap is measured even without a correction; mode 'none' on the trainer's own engine gives (None, {})."""
+    if mode == "none" and not other_engine:
         return None, {}
     scored = mask * batch["has_rollout_logp"][:, None].to(mask.dtype)
+    stats = {k: float(v) for k, v in mismatch_stats(batch["old_logp"], batch["rollout_logp"], scored).items()}
+    if mode == "none":
+        return None, stats
     weights = rollout_is_weights(batch["old_logp"], batch["rollout_logp"], scored, mode, cap)
-    stats = mismatch_stats(batch["old_logp"], batch["rollout_logp"], scored)
-    return torch.where(scored > 0, weights, torch.ones_like(mask)), {k: float(v) for k, v in stats.items()}
+    return torch.where(scored > 0, weights, torch.ones_like(mask)), stats
 
 
 def pooled_mismatch(accelerator, values: dict[str, list[float]]) -> dict[str, float]:

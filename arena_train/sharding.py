@@ -186,9 +186,13 @@ class AdapterDisabled(torch.nn.Module):
 
 
 class GatheredHFBackend:
-    """transformers ``generate`` on an unsharded copy of a sharded policy, one per process; ``push`` refreshes
-    the copy from the shards, one parameter at a time. Costs one model in ``dtype`` per process, like a rollout
-    engine, and no collective during generation."""
+    """transformers ``generate`` on an unsharded copy of the policy in ``dtype``, one per process; ``push``
+    refreshes the copy from the (possibly sharded) policy, one parameter at a time. Costs one model per process,
+    like a rollout engine, and no collective during generation. Its log-probs come from the copy's kernels, so
+    they never stand in for the trainer's (``score_rollouts``): a bfloat16 copy of a float32 policy is a bf16
+    rollout engine."""
+
+    score_rollouts = False
 
     def __init__(self, policy, tokenizer, dtype: torch.dtype, device, init_context=contextlib.nullcontext,
                  **hf_kwargs):
@@ -207,6 +211,9 @@ class GatheredHFBackend:
     def generate(self, *args, **kwargs) -> list[list[int]]:
         return self.hf.generate(*args, **kwargs)
 
+    def generate_scored(self, *args, **kwargs) -> tuple[list[list[int]], list[list[float]], list[list[float]]]:
+        return self.hf.generate_scored(*args, **kwargs)
+
     @torch.no_grad()
     def push(self, model) -> dict[str, float]:
         start = time.perf_counter()
@@ -224,14 +231,20 @@ class GatheredHFBackend:
         pass
 
 
-def hf_backend(accelerator, policy, tokenizer, dtype: torch.dtype, mixed_precision: str = "no"):
+def hf_backend(accelerator, policy, tokenizer, dtype: torch.dtype, mixed_precision: str = "no",
+               precision: str = "trainer"):
     """The transformers rollout backend: the policy itself when every process holds full weights (in float32
     without autocast it also scores its rollouts, which saves the policy's scoring pass), else a
-    ``GatheredHFBackend`` (a sharded policy would hang in ``generate``)."""
+    ``GatheredHFBackend`` (a sharded policy would hang in ``generate``). ``precision`` 'bf16': always a
+    ``GatheredHFBackend`` in bfloat16, a rollout engine whose precision differs from a float32 trainer's."""
     from arena_train.backends import HFBackend
 
     sharding = sharding_of(accelerator)
-    if sharding == "none":
+    if precision not in ("trainer", "bf16"):
+        raise ValueError(f"rollout precision must be 'trainer' or 'bf16', got {precision!r}")
+    if precision == "bf16":
+        dtype = torch.bfloat16
+    elif sharding == "none":
         return HFBackend(accelerator.unwrap_model(policy), tokenizer,
                          score_rollouts=dtype == torch.float32 and mixed_precision == "no")
     init_context = contextlib.nullcontext
@@ -276,13 +289,15 @@ def save_final_model(accelerator, policy, tokenizer, folder: Path) -> Path:
 
 
 def make_rollout_backend(name: str, accelerator, policy, tokenizer, model_path: str, dtype: torch.dtype, *, seed: int,
-                         max_model_len: int, max_num_seqs: int, mixed_precision: str, gpu_memory_utilization: float):
+                         max_model_len: int, max_num_seqs: int, mixed_precision: str, gpu_memory_utilization: float,
+                         precision: str = "trainer"):
     """The rollout engine ``name`` ('auto', 'hf', 'vllm'): an in-process vLLM engine per process (weights pushed
-    after each update), or transformers ``generate`` (``hf_backend``: through an unsharded copy when sharded)."""
+    after each update), or transformers ``generate`` (``hf_backend``: through an unsharded copy when sharded).
+    ``precision`` 'bf16' runs the engine in bfloat16 ('trainer': in the trainer's own precision)."""
     from arena_train.backends import VLLMBackend, rollout_backend_name
 
     if rollout_backend_name(name) == "vllm":
         return VLLMBackend(model_path, tokenizer, seed=seed, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                            mixed_precision=mixed_precision, gpu_memory_utilization=gpu_memory_utilization,
-                           external_launcher=accelerator.num_processes > 1)
-    return hf_backend(accelerator, policy, tokenizer, dtype, mixed_precision)
+                           external_launcher=accelerator.num_processes > 1, precision=precision)
+    return hf_backend(accelerator, policy, tokenizer, dtype, mixed_precision, precision)

@@ -310,8 +310,9 @@ def test_rows_scored_by_the_rollout_skip_the_policy_pass_but_not_the_reference(m
 
 
 def test_collect_rows_keeps_the_rollout_scores_of_each_response(tiny_model):
-    """A scoring backend on the Sokoban env: every row holds a log-prob per response token (negative, finite)
-    and its mean entropy; greedy rollouts (evaluation) and a non-scoring backend leave them unset."""
+    """On the Sokoban env every sampled row holds the backend's log-prob per response token (negative, finite)
+    and its mean entropy, whether or not they may stand in for the trainer's (``score_rollouts``); greedy
+    rollouts (evaluation) leave them unset."""
     import wrappers
     from arena_train.backends import HFBackend
     from arena_train.rollout import RolloutConfig, collect_rows
@@ -323,7 +324,7 @@ def test_collect_rows_keeps_the_rollout_scores_of_each_response(tiny_model):
         rows, _ = collect_rows(HFBackend(policy, tokenizer, score_rollouts=score), tokenizer, rollout, [1, 2],
                                config, defaultdict(float), greedy=greedy)
         assert rows
-        if score and not greedy:
+        if not greedy:
             assert all(len(r.rollout_logp) == len(r.response_ids) and np.all(r.rollout_logp <= 0)
                        and np.isfinite(r.rollout_logp).all() and r.rollout_entropy > 0 for r in rows)
         else:

@@ -148,6 +148,19 @@ def logprob_gap(engine, model, prompts) -> float:
     return gap
 
 
+@torch.no_grad()
+def test_scored_rollouts_carry_the_log_probs_they_were_sampled_with(engine, hf, prompts):
+    """``generate_scored`` at T = 0.7: vLLM's processed log-probs of its sampled tokens are the trainer's
+    log-softmax of logits / 0.7 (float32 engine), so the rollout/trainer gap they measure is the engines' own."""
+    tokens, logps, entropies = engine.generate_scored(prompts, MAX_NEW, 0.7, 1.0)
+    check_responses(tokens, len(prompts), hf[1].eos_token_id, len(hf[1]))
+    for p, r, lp, h in zip(prompts, tokens, logps, entropies):
+        assert len(lp) == len(h) == len(r)
+        logits = hf[0](input_ids=torch.tensor([p + r])).logits[0, len(p) - 1:-1].float() / 0.7
+        theirs = torch.log_softmax(logits, -1).gather(-1, torch.tensor(r)[:, None]).squeeze(-1)
+        assert float((torch.tensor(lp) - theirs).abs().max()) < 1e-4
+
+
 def test_greedy_matches_transformers_token_for_token(engine, hf, prompts):
     reference = greedy(HFBackend(hf[0], hf[1]), prompts)
     assert greedy(engine, prompts) == reference
