@@ -17,7 +17,8 @@ from accelerate import Accelerator
 
 from arena_train.models import load_model_and_tokenizer
 from arena_train.sharding import hf_backend
-from eval.mismatch import gradient_bias
+from eval.mismatch import Args as MismatchArgs
+from eval.mismatch import gradient_bias, measure
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = [[1, 5, 7, 9, 11, 13], [1, 9, 4, 4, 8], [2, 3, 5, 8, 13, 21, 34]]
@@ -102,3 +103,10 @@ def test_a_run_with_bf16_rollouts_logs_the_gap(correction, tiny_model, tmp_path)
 def test_the_trainer_as_its_own_engine_logs_no_gap(tiny_model, tmp_path):
     rows = grpo_run(tiny_model, tmp_path)
     assert not any(key.startswith("rollout_is/") for row in rows for key in row)
+
+
+def test_eval_mismatch_measures_the_gap_and_the_exact_correction(tiny_model):
+    result = measure(MismatchArgs(model_path=Path(tiny_model), groups=1, group_size=2, max_response_tokens=4))
+    assert result["rows"] > 0 and result["tokens"] > 0
+    assert 0 < result["rollout_is/prob_diff_mean"] <= result["rollout_is/prob_diff_max"]
+    assert result["bias/none_mean"] > 1e-4 and result["bias/tis_max"] < 1e-12 and result["bias/mis_max"] < 1e-12
