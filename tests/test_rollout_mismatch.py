@@ -86,7 +86,7 @@ def grpo_run(tiny: str, out: Path, *flags: str) -> list[dict]:
            "--run-name", "r", "--num-iterations", "2", "--num-groups", "2", "--group-size", "3", "--max-turns", "2",
            "--max-response-tokens", "6", "--eval-every", "0", "--checkpoint-every", "0", *flags]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return [json.loads(line) for line in (out / "r" / "metrics.jsonl").read_text().splitlines()]
 
