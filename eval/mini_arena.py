@@ -57,9 +57,9 @@ PROFILES: dict[str, dict[str, Any]] = {
     # rollout temperature 1.0 (exploration past the teacher's mistakes); docs/mini_arena.md has what was tried.
     # The earlier expert-label default is a study there: --teacher expert --think-horizon 0 --max-response-tokens 8
     "tiny": dict(env_id="ARL/Sokoban-Mini-v0", model="tiny", tiny_size="xs", teacher="greedy", think_horizon=4,
-                 bc_episodes=4000, bc_max_steps=2500,
+                 bc_episodes=4000, bc_max_steps=1500,
                  bc_batch_size=64, bc_learning_rate=1e-3, bc_target=1.0, bc_eval_every=100, bc_eval_start=800,
-                 bc_eval_episodes=100, rl_iterations=150, num_groups=8, group_size=8, learning_rate=1e-4,
+                 bc_eval_episodes=100, rl_iterations=250, num_groups=8, group_size=8, learning_rate=1e-4,
                  temperature=1.0, mini_batch_size=128, rl_eval_every=10, rl_eval_episodes=100, eval_episodes=300,
                  max_response_tokens=12),
     # The same recipe on the real pretrained SmolLM2-135M-Instruct: hours on a CPU, minutes on a GPU.
