@@ -188,14 +188,12 @@ class AdapterDisabled(torch.nn.Module):
 class GatheredHFBackend:
     """transformers ``generate`` on an unsharded copy of the policy in ``dtype``, one per process; ``push``
     refreshes the copy from the (possibly sharded) policy, one parameter at a time. Costs one model per process,
-    like a rollout engine, and no collective during generation. Its log-probs come from the copy's kernels, so
-    they never stand in for the trainer's (``score_rollouts``): a bfloat16 copy of a float32 policy is a bf16
-    rollout engine."""
-
-    score_rollouts = False
+    like a rollout engine, and no collective during generation. ``score_rollouts``: the copy's log-probs may stand
+    in for the trainer's scoring pass (a float32 copy of a float32 policy without autocast: the same weights, as
+    ``HFBackend``); a bfloat16 copy of a float32 policy is a bf16 rollout engine, whose log-probs never do."""
 
     def __init__(self, policy, tokenizer, dtype: torch.dtype, device, init_context=contextlib.nullcontext,
-                 **hf_kwargs):
+                 score_rollouts: bool = False, **hf_kwargs):
         from transformers import AutoModelForCausalLM
 
         from arena_train.backends import HFBackend
@@ -205,6 +203,7 @@ class GatheredHFBackend:
         with torch.random.fork_rng(devices=cuda), init_context():  # the init must not shift the sampling seeds
             copy = AutoModelForCausalLM.from_config(config, dtype=dtype).to(device).eval().requires_grad_(False)
         self.copy, self._params = copy, dict(copy.named_parameters(remove_duplicate=False))
+        self.score_rollouts = score_rollouts
         self.hf = HFBackend(copy, tokenizer, **hf_kwargs)
         self.push(policy)
 
@@ -233,20 +232,20 @@ class GatheredHFBackend:
 
 def hf_backend(accelerator, policy, tokenizer, dtype: torch.dtype, mixed_precision: str = "no",
                precision: str = "trainer"):
-    """The transformers rollout backend: the policy itself when every process holds full weights (in float32
-    without autocast it also scores its rollouts, which saves the policy's scoring pass), else a
-    ``GatheredHFBackend`` (a sharded policy would hang in ``generate``). ``precision`` 'bf16': always a
-    ``GatheredHFBackend`` in bfloat16, a rollout engine whose precision differs from a float32 trainer's."""
+    """The transformers rollout backend: the policy itself when every process holds full weights, else a
+    ``GatheredHFBackend`` (a sharded policy would hang in ``generate``); in float32 without autocast either one's
+    log-probs stand in for the policy's scoring pass. ``precision`` 'bf16': always a ``GatheredHFBackend`` in
+    bfloat16, a rollout engine whose precision differs from a float32 trainer's."""
     from arena_train.backends import HFBackend
 
     sharding = sharding_of(accelerator)
     if precision not in ("trainer", "bf16"):
         raise ValueError(f"rollout precision must be 'trainer' or 'bf16', got {precision!r}")
+    exact = precision == "trainer" and dtype == torch.float32 and mixed_precision == "no"  # may stand in
     if precision == "bf16":
         dtype = torch.bfloat16
     elif sharding == "none":
-        return HFBackend(accelerator.unwrap_model(policy), tokenizer,
-                         score_rollouts=dtype == torch.float32 and mixed_precision == "no")
+        return HFBackend(accelerator.unwrap_model(policy), tokenizer, score_rollouts=exact)
     init_context = contextlib.nullcontext
     if sharding == "zero3":  # transformers builds every model partitioned while the ZeRO-3 config is set
         plugin = accelerator.state.deepspeed_plugin
@@ -260,7 +259,8 @@ def hf_backend(accelerator, policy, tokenizer, dtype: torch.dtype, mixed_precisi
                 yield
             finally:
                 plugin.set_deepspeed_weakref()
-    return GatheredHFBackend(accelerator.unwrap_model(policy), tokenizer, dtype, accelerator.device, init_context)
+    return GatheredHFBackend(accelerator.unwrap_model(policy), tokenizer, dtype, accelerator.device, init_context,
+                             score_rollouts=exact)
 
 
 def save_final_model(accelerator, policy, tokenizer, folder: Path) -> Path:
