@@ -153,6 +153,50 @@ PROGRAMS = [
     ("files", "inotify_host_files", LIBC + "print('ESCAPED' if libc.inotify_init() >= 0 else 'no')", None),
     ("files", "deep_rename_chain", "import os\nos.mkdir('a')\nfor _ in range(2500):\n    os.mkdir('b')\n"
      "    os.rename('a', 'b/a')\n    os.rename('b', 'a')\nprint('deep')", None),
+    # round four: syscall arguments (socket families, file locks, page-cache probes, ioctl), x32 numbers, host facts
+    ("syscall_arguments", "socketpair_inet", LIBC + "fds = (ctypes.c_int * 2)()\n"
+     "ok = libc.socketpair(2, 1, 0, fds) == 0 or ctypes.get_errno() == 95\n"  # EOPNOTSUPP: an inet socket was made
+     "print('ESCAPED' if ok else 'no', libc.socketpair(1, 1, 0, fds))", None),
+    ("syscall_arguments", "socketpair_netlink_vsock", LIBC + "fds = (ctypes.c_int * 2)()\n"
+     "made = [f for f in (16, 40, 10) if libc.socketpair(f, 2, 0, fds) == 0 or ctypes.get_errno() == 95]\n"
+     "print('ESCAPED' if made else 'no')", None),
+    ("syscall_arguments", "flock_host_file", LIBC + "import os\nfd = os.open(os.__file__, os.O_RDONLY)\n"
+     "print('ESCAPED' if libc.flock(fd, 1 | 4) == 0 else 'no')", None),
+    ("syscall_arguments", "fcntl_lock_host_file", LIBC + "import os, struct\nfd = os.open(os.__file__, os.O_RDONLY)\n"
+     "lk = ctypes.create_string_buffer(struct.pack('hhqqi', 0, 0, 0, 0, 0), 32)\n"
+     "got = [cmd for cmd in (6, 7, 37, 38, 5, 36) if libc.fcntl(fd, cmd, lk) == 0]\n"
+     "print('ESCAPED' if got else 'no', got)", None),
+    ("syscall_arguments", "dnotify_host_dir", LIBC + "import os\n"
+     "fd = os.open(os.path.dirname(os.__file__), os.O_RDONLY)\n"
+     "print('ESCAPED' if libc.fcntl(fd, 1026, ctypes.c_uint(1 | 0x80000000)) == 0 else 'no')", None),
+    ("syscall_arguments", "fs_ioctl_host_file", LIBC + "import os\nfd = os.open(os.__file__, os.O_RDONLY)\n"
+     "flags = ctypes.c_long(0)\nprint('ESCAPED' if libc.ioctl(fd, 0x80086601, ctypes.byref(flags)) == 0 else 'no')",
+     None),
+    ("page_cache", "fadvise_dontneed", LIBC + "import os\nfd = os.open(os.__file__, os.O_RDONLY)\n"
+     "print('ESCAPED' if libc.syscall(221, fd, 0, 0, 4) == 0 else 'no')", None),
+    ("page_cache", "readahead", LIBC + "import os\nfd = os.open(os.__file__, os.O_RDONLY)\n"
+     "print('ESCAPED' if libc.syscall(187, fd, 0, 4096) == 0 else 'no')", None),
+    ("page_cache", "mincore", LIBC + "import os\nlibc.mmap.restype = ctypes.c_void_p\n"
+     "fd = os.open(os.__file__, os.O_RDONLY)\naddr = libc.mmap(None, 4096, 1, 2, fd, 0)\n"
+     "vec = ctypes.create_string_buffer(1)\n"
+     "print('ESCAPED' if libc.mincore(ctypes.c_void_p(addr), 4096, vec) == 0 else 'no')", None),
+    ("page_cache", "cachestat", LIBC + "import os\nfd = os.open(os.__file__, os.O_RDONLY)\n"
+     "rng = (ctypes.c_uint64 * 2)(0, 0)\nst = (ctypes.c_uint64 * 8)()\n"
+     "print('ESCAPED' if libc.syscall(451, fd, rng, st, 0) == 0 else 'no')", None),
+    ("page_cache", "preadv2_nowait", "import os\nfd = os.open(os.__file__, os.O_RDONLY)\nbuf = bytearray(64)\n"
+     "try:\n    os.preadv(fd, [buf], 0, os.RWF_NOWAIT)\n    print('ESCAPED')\nexcept OSError as e:\n"
+     "    print('no', e.errno)\nprint(os.preadv(fd, [buf], 0) == 64)", None),
+    ("page_cache", "madvise_willneed_pageout", LIBC + "import os\nlibc.mmap.restype = ctypes.c_void_p\n"
+     "fd = os.open(os.__file__, os.O_RDONLY)\naddr = libc.mmap(None, 4096, 1, 2, fd, 0)\n"
+     "got = [a for a in (3, 20, 21, 12) if libc.madvise(ctypes.c_void_p(addr), 4096, a) == 0]\n"
+     "print('ESCAPED' if got else 'no', got)", None),
+    ("syscall_arguments", "x32_numbers", LIBC + "got = [nr for nr in (39, 99, 102, 63) "
+     "if libc.syscall(0x40000000 | nr, 0, 0, 0) >= 0]\nprint('ESCAPED' if got else 'no', got)", None),
+    ("host_facts", "sysinfo", LIBC + "buf = ctypes.create_string_buffer(128)\n"
+     "print('ESCAPED' if libc.sysinfo(buf) == 0 else 'no')", None),
+    ("host_facts", "statvfs", "import os\nfor p in ('/usr', '.'):\n    try:\n        os.statvfs(p)\n"
+     "        print('ESCAPED', p)\n    except OSError:\n        pass\nfd = os.open(os.__file__, os.O_RDONLY)\n"
+     "try:\n    os.fstatvfs(fd)\n    print('ESCAPED fd')\nexcept OSError:\n    print('no')", None),
     ("reward_hacking", "read_dataset", "print(open('{dataset}').read())", "error"),
     ("reward_hacking", "read_project_source", "print('ESCAPED', open('{project_file}').read()[:10])", "error"),
 ]
@@ -394,6 +438,72 @@ def _attack(host, box: Sandbox, guard: str, program: str, status: str | None) ->
     if status is not None:
         assert result.status == status, (result.status, result.stderr[-300:])
     _check_host_unchanged(host, box, before, server, netns)
+
+
+#: every string a program can reach through Python objects (argv, environment, sys.path, module namespaces, code
+#: file names), /proc/self/cmdline and uname: none may name the project's source tree, the host's temp base (where the
+#: program does not work in it) or the host's name. Needles are built at run time: constants would be found.
+HOST_NAMES = """import gc, os, sys, types
+
+
+def scan():
+    needle, hosttmp = chr(47) + "arena_envs", {hosttmp_rev!r}[::-1]
+    at_host = os.getcwd().startswith(hosttmp)  # the landlock level works in the host's temp base by design
+
+    def bad(s):
+        return type(s) is str and s.startswith("/") and (needle + "/" in s or s.endswith(needle)
+                                                         or (not at_host and hosttmp in s))
+
+    found = [s for s in sys.argv + sys.orig_argv + sys.path + list(os.environ.values()) if bad(s)]
+    for o in gc.get_objects():
+        t = type(o)
+        if t is dict:
+            found += [s for s in o.values() if bad(s)] + [s for s in o if bad(s)]
+        elif t is list or t is tuple:
+            found += [s for s in o if bad(s)]
+        elif t is types.FunctionType and bad(o.__code__.co_filename):
+            found.append(o.__code__.co_filename)
+    try:
+        found.append(open("/proc/self/cmdline").read())
+    except OSError:
+        pass
+    if not at_host and os.uname().nodename == {hostname_rev!r}[::-1]:
+        found.append("the host's name")
+    return sorted(set(found))
+
+
+found = scan()
+print("ESCAPED" if found else "no", found[:5])
+"""
+
+
+@pytest.mark.parametrize("level", ["namespace", "landlock"])
+def test_no_host_names_reach_the_program(host, landlock_box, level):
+    box = host["box"] if level == "namespace" else landlock_box
+    fields = {"hosttmp_rev": str(host["fields"]["hosttmp"])[::-1], "hostname_rev": socket.gethostname()[::-1]}
+    result = box.run(DISABLE_GUARD + HOST_NAMES.format(**fields), timeout=20)
+    assert result.status == "ok" and result.stdout.startswith("no []"), (result.stdout, result.stderr[-300:])
+
+
+DEEP_CHAIN = next(p[2] for p in PROGRAMS if p[1] == "deep_rename_chain")
+
+
+def test_closing_a_server_removes_every_call_directory(tmp_path):
+    """Fallback level: ``close`` right after a deep-tree call and a plain one leaves nothing in the temp base (the
+    janitor drains before the server exits)."""
+    base = tmp_path / "base"
+    base.mkdir()
+    box = _start(base, timeout=20, max_boundary="landlock")
+    try:
+        if box.boundary != "landlock":
+            pytest.skip(f"Landlock level unavailable here: {box.layers['fallback']}")
+        assert box.run(DISABLE_GUARD + DEEP_CHAIN).stdout == "deep\n"
+        assert box.run("open('f', 'w').write('x')").status == "ok"
+        box.close()
+        assert list(base.iterdir()) == []
+    finally:
+        box.close()
+        _remove_leftovers(base)
 
 
 def test_guard_is_really_off_in_unguarded_runs(host):

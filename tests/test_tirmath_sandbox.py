@@ -64,7 +64,7 @@ HOSTILE = [
      "subprocess.Popen"),
     ("os_system", "import os\nos.system('touch {outside}/pwned')", "error", "os.system"),
     ("memory_bomb", "x = bytearray(10**11)", "memory", "MemoryError"),
-    ("memory_growth", "a = []\nwhile True:\n    a.append(bytearray(10**7))", "memory", "MemoryError"),
+    ("memory_growth", "a = []\nwhile True:\n    a.append(bytes(10**7))", "memory", "MemoryError"),
     ("write_outside", "open('{outside}/sentinel.txt', 'w').write('pwned')", "error", "outside the working"),
     ("delete_outside", "import os\nos.remove('{outside}/sentinel.txt')", "error", "os.remove"),
     ("rename_outside", "import os\nos.rename('{outside}/sentinel.txt', 'stolen.txt')", "error", "os.rename"),
@@ -242,3 +242,14 @@ def test_observation_has_no_control_characters():
     err = ExecResult("error", "", "Traceback\nValueError: \x1b]0;pwned\x07x\r\n", 1, None, 0.0, 40)
     assert env.format_result(ok) == "\nCode execution result: a[31mbc\td\n"
     assert env.format_result(err) == "\nCode execution result: ValueError: ]0;pwnedx\n"
+
+
+def test_every_argument_rule_is_reached():
+    """A number in the plain allow-list would be allowed before its argument rule is looked at."""
+    from arena_envs.tirmath import _confine
+
+    ruled = set(_confine._ARG_RULES) | set(_confine._SELF_ZERO.values()) | set(_confine._SELF_PID.values())
+    assert ruled.isdisjoint(_confine._ALLOW.values())
+    assert {41, 53, 16, 72, 28, 327, 328} <= ruled
+    refused = {"flock", "mincore", "readahead", "fadvise64", "sysinfo", "statfs", "fstatfs", "sync_file_range"}
+    assert refused.isdisjoint(_confine._ALLOW)

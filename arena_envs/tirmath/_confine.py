@@ -28,8 +28,8 @@ _LIBC.syscall.restype = ctypes.c_long
 _LIBC.mount.argtypes = (ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p)
 _LIBC.umount2.argtypes = (ctypes.c_char_p, ctypes.c_int)
 
-CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = (
-    0x00020000, 0x08000000, 0x10000000, 0x20000000, 0x40000000)
+CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = (
+    0x00020000, 0x04000000, 0x08000000, 0x10000000, 0x20000000, 0x40000000)
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = (
     1, 2, 4, 8, 32, 4096, 16384, 1 << 18)
 MNT_DETACH = 2
@@ -214,49 +214,68 @@ def landlock_restrict(abi: int, read: list[str], write: list[str], write_files: 
 
 
 # --- seccomp ---------------------------------------------------------------------
-#: Deny by default: a program may make only these calls (x86_64 numbers). Everything else -- new
-#: processes, exec, namespaces, mounts, ptrace, SysV and POSIX message-queue IPC, inotify/fanotify,
-#: memfd, uid changes, capget, calls that act on another process (priority, affinity, scheduler,
-#: io priority), bpf, io_uring, keyrings -- answers EPERM (``clone3``: ENOSYS, so libc falls back to ``clone``).
+#: Deny by default: a program may make only these calls (x86_64 numbers), plus those of ``_ARG_RULES`` and the
+#: process-targeting ones below with the arguments they allow. Everything else -- new processes, exec, namespaces,
+#: mounts, ptrace, SysV and POSIX message-queue IPC, inotify/fanotify, memfd, uid changes, capget, calls that act on
+#: another process (priority, affinity, scheduler, io priority), bpf, io_uring, keyrings, file locks (``flock``),
+#: page-cache probes (``mincore``, ``readahead``, ``fadvise64``, ``cachestat``, ``sync_file_range``) and host
+#: facts (``sysinfo``, ``statfs``, ``fstatfs``, ``ustat``) -- answers EPERM (``clone3``: ENOSYS, so libc falls back to
+#: ``clone``). x32 numbers (``nr | 0x40000000``) and other architectures are refused whatever the number.
 _ALLOW = {
     "read": 0, "write": 1, "open": 2, "close": 3, "stat": 4, "fstat": 5, "lstat": 6, "poll": 7, "lseek": 8,
     "mmap": 9, "mprotect": 10, "munmap": 11, "brk": 12, "rt_sigaction": 13, "rt_sigprocmask": 14,
-    "rt_sigreturn": 15, "ioctl": 16, "pread64": 17, "pwrite64": 18, "readv": 19, "writev": 20, "access": 21,
-    "pipe": 22, "select": 23, "sched_yield": 24, "mremap": 25, "msync": 26, "mincore": 27, "madvise": 28, "dup": 32,
-    "dup2": 33, "pause": 34, "nanosleep": 35, "getitimer": 36, "alarm": 37, "setitimer": 38, "getpid": 39,
-    "sendfile": 40, "connect": 42, "accept": 43, "sendto": 44, "recvfrom": 45, "sendmsg": 46, "recvmsg": 47,
-    "shutdown": 48, "bind": 49, "listen": 50, "getsockname": 51, "getpeername": 52, "socketpair": 53,
-    "setsockopt": 54, "getsockopt": 55, "exit": 60, "wait4": 61, "uname": 63, "fcntl": 72, "flock": 73,
+    "rt_sigreturn": 15, "pread64": 17, "pwrite64": 18, "readv": 19, "writev": 20, "access": 21, "pipe": 22,
+    "select": 23, "sched_yield": 24, "mremap": 25, "msync": 26, "dup": 32, "dup2": 33, "pause": 34, "nanosleep": 35,
+    "getitimer": 36, "alarm": 37, "setitimer": 38, "getpid": 39, "sendfile": 40, "connect": 42, "accept": 43,
+    "sendto": 44, "recvfrom": 45, "sendmsg": 46, "recvmsg": 47, "shutdown": 48, "bind": 49, "listen": 50,
+    "getsockname": 51, "getpeername": 52, "setsockopt": 54, "getsockopt": 55, "exit": 60, "wait4": 61, "uname": 63,
     "fsync": 74, "fdatasync": 75, "truncate": 76, "ftruncate": 77, "getdents": 78, "getcwd": 79, "chdir": 80,
     "fchdir": 81, "rename": 82, "mkdir": 83, "rmdir": 84, "creat": 85, "link": 86, "unlink": 87, "symlink": 88,
     "readlink": 89, "chmod": 90, "fchmod": 91, "chown": 92, "fchown": 93, "lchown": 94, "umask": 95,
-    "gettimeofday": 96, "getrlimit": 97, "getrusage": 98, "sysinfo": 99, "times": 100, "getuid": 102, "getgid": 104,
+    "gettimeofday": 96, "getrlimit": 97, "getrusage": 98, "times": 100, "getuid": 102, "getgid": 104,
     "geteuid": 107, "getegid": 108, "getppid": 110, "getpgrp": 111, "getgroups": 115, "getresuid": 118,
     "getresgid": 120, "rt_sigpending": 127, "rt_sigtimedwait": 128, "rt_sigsuspend": 130, "sigaltstack": 131,
-    "utime": 132, "statfs": 137, "fstatfs": 138, "sched_get_priority_max": 146, "sched_get_priority_min": 147,
-    "arch_prctl": 158, "setrlimit": 160, "gettid": 186, "readahead": 187, "getxattr": 191, "lgetxattr": 192,
-    "fgetxattr": 193, "listxattr": 194, "llistxattr": 195, "flistxattr": 196, "time": 201, "futex": 202,
-    "epoll_create": 213, "getdents64": 217, "set_tid_address": 218, "restart_syscall": 219, "fadvise64": 221,
-    "timer_create": 222, "timer_settime": 223, "timer_gettime": 224, "timer_getoverrun": 225, "timer_delete": 226,
-    "clock_gettime": 228, "clock_getres": 229, "clock_nanosleep": 230, "exit_group": 231, "epoll_wait": 232,
-    "epoll_ctl": 233, "utimes": 235, "mbind": 237, "set_mempolicy": 238, "get_mempolicy": 239, "waitid": 247,
-    "openat": 257, "mkdirat": 258, "fchownat": 260, "futimesat": 261, "newfstatat": 262, "unlinkat": 263,
-    "renameat": 264, "linkat": 265, "symlinkat": 266, "readlinkat": 267, "fchmodat": 268, "faccessat": 269,
-    "pselect6": 270, "ppoll": 271, "set_robust_list": 273, "splice": 275, "tee": 276, "sync_file_range": 277,
-    "vmsplice": 278, "utimensat": 280, "epoll_pwait": 281, "signalfd": 282, "timerfd_create": 283, "eventfd": 284,
-    "fallocate": 285, "timerfd_settime": 286, "timerfd_gettime": 287, "accept4": 288, "signalfd4": 289,
-    "eventfd2": 290, "epoll_create1": 291, "dup3": 292, "pipe2": 293, "preadv": 295, "pwritev": 296,
-    "recvmmsg": 299, "sendmmsg": 307, "getcpu": 309, "renameat2": 316, "seccomp": 317, "getrandom": 318,
-    "membarrier": 324, "copy_file_range": 326, "preadv2": 327, "pwritev2": 328, "pkey_mprotect": 329,
-    "pkey_alloc": 330, "pkey_free": 331, "statx": 332, "rseq": 334, "close_range": 436, "openat2": 437,
-    "faccessat2": 439, "epoll_pwait2": 441, "landlock_create_ruleset": 444, "landlock_add_rule": 445,
-    "landlock_restrict_self": 446, "futex_waitv": 449, "fchmodat2": 452, "futex_wake": 454, "futex_wait": 455,
-    "futex_requeue": 456}
+    "utime": 132, "sched_get_priority_max": 146, "sched_get_priority_min": 147, "arch_prctl": 158, "setrlimit": 160,
+    "gettid": 186, "getxattr": 191, "lgetxattr": 192, "fgetxattr": 193, "listxattr": 194, "llistxattr": 195,
+    "flistxattr": 196, "time": 201, "futex": 202, "epoll_create": 213, "getdents64": 217, "set_tid_address": 218,
+    "restart_syscall": 219, "timer_create": 222, "timer_settime": 223, "timer_gettime": 224,
+    "timer_getoverrun": 225, "timer_delete": 226, "clock_gettime": 228, "clock_getres": 229, "clock_nanosleep": 230,
+    "exit_group": 231, "epoll_wait": 232, "epoll_ctl": 233, "utimes": 235, "mbind": 237, "set_mempolicy": 238,
+    "get_mempolicy": 239, "waitid": 247, "openat": 257, "mkdirat": 258, "fchownat": 260, "futimesat": 261,
+    "newfstatat": 262, "unlinkat": 263, "renameat": 264, "linkat": 265, "symlinkat": 266, "readlinkat": 267,
+    "fchmodat": 268, "faccessat": 269, "pselect6": 270, "ppoll": 271, "set_robust_list": 273, "splice": 275,
+    "tee": 276, "vmsplice": 278, "utimensat": 280, "epoll_pwait": 281, "signalfd": 282, "timerfd_create": 283,
+    "eventfd": 284, "fallocate": 285, "timerfd_settime": 286, "timerfd_gettime": 287, "accept4": 288,
+    "signalfd4": 289, "eventfd2": 290, "epoll_create1": 291, "dup3": 292, "pipe2": 293, "preadv": 295,
+    "pwritev": 296, "recvmmsg": 299, "sendmmsg": 307, "getcpu": 309, "renameat2": 316, "seccomp": 317,
+    "getrandom": 318, "membarrier": 324, "copy_file_range": 326, "pkey_mprotect": 329, "pkey_alloc": 330,
+    "pkey_free": 331, "statx": 332, "rseq": 334, "close_range": 436, "openat2": 437, "faccessat2": 439,
+    "epoll_pwait2": 441, "landlock_create_ruleset": 444, "landlock_add_rule": 445, "landlock_restrict_self": 446,
+    "futex_waitv": 449, "fchmodat2": 452, "futex_wake": 454, "futex_wait": 455, "futex_requeue": 456}
 #: calls allowed only on the caller itself (first argument 0): limits, affinity, process group, session
 _SELF_ZERO = {"getpgid": 121, "getsid": 124, "sched_getaffinity": 204, "prlimit64": 302}
 #: signal calls allowed only towards the caller's own pid (first argument)
 _SELF_PID = {"kill": 62, "tkill": 200, "tgkill": 234, "rt_sigqueueinfo": 129, "rt_tgsigqueueinfo": 297}
-_SOCKET, _CLONE, _CLONE3, _PRCTL, _CLONE_THREAD, _AF_UNIX = 41, 56, 435, 157, 0x00010000, 1
+_SOCKET, _SOCKETPAIR, _CLONE, _CLONE3, _PRCTL, _CLONE_THREAD, _AF_UNIX = 41, 53, 56, 435, 157, 0x00010000, 1
+#: fcntl commands a program keeps: F_DUPFD, F_GETFD, F_SETFD, F_GETFL, F_SETFL, F_DUPFD_CLOEXEC, F_SETPIPE_SZ,
+#: F_GETPIPE_SZ, F_GET_SEALS. Refused: record locks (F_GETLK/F_SETLK/F_SETLKW, F_OFD_*: a read lock on a host file
+#: blocks the host's writers), F_NOTIFY (dnotify would report which host files are read), F_SETOWN/F_SETSIG
+#: (SIGIO to another process), leases
+_FCNTL_OK = (0, 1, 2, 3, 4, 1030, 1031, 1032, 1034)
+#: ioctl requests a program keeps (isatty, terminal size, FIONREAD, FIONBIO, FIOCLEX, FIONCLEX); others are ENOTTY
+#: (file-system ioctls such as FIEMAP would describe host disks)
+_IOCTL_OK = (0x5401, 0x5413, 0x541B, 0x5421, 0x5450, 0x5451)
+#: madvise advice a program keeps: NORMAL, RANDOM, SEQUENTIAL, DONTNEED, FREE, DONTFORK, DOFORK, HUGEPAGE,
+#: NOHUGEPAGE, DONTDUMP, DODUMP. Refused: WILLNEED/POPULATE_* (readahead into the page cache), COLD/PAGEOUT
+#: (eviction), MERGEABLE (KSM: merging reveals other processes' pages), REMOVE, COLLAPSE
+_MADV_OK = (0, 1, 2, 4, 8, 10, 11, 14, 15, 16, 17)
+#: number -> (argument index, allowed values, errno for any other value); the kernel reads these arguments as
+#: 32-bit ``int``s, so the low half of the 64-bit argument is what counts. preadv2/pwritev2: flags (argument 5)
+#: must be 0 -- RWF_NOWAIT probes the page cache, RWF_DONTCACHE evicts from it
+_ARG_RULES = {
+    _SOCKET: (0, (_AF_UNIX,), errno.EAFNOSUPPORT), _SOCKETPAIR: (0, (_AF_UNIX,), errno.EAFNOSUPPORT),
+    72: (1, _FCNTL_OK, errno.EPERM), 16: (1, _IOCTL_OK, errno.ENOTTY), 28: (2, _MADV_OK, errno.EPERM),
+    327: (5, (0,), errno.EOPNOTSUPP), 328: (5, (0,), errno.EOPNOTSUPP)}
 #: prctl options that would undo a layer: parent-death signal (outlive the server), dumpable,
 #: PR_SET_MM, PR_SET_PTRACER
 _PRCTL_DENY = (PR_SET_PDEATHSIG, PR_SET_DUMPABLE, 35, 0x59616D61)
@@ -264,6 +283,11 @@ _AUDIT_ARCH_X86_64 = 0xC000003E
 _RET_ALLOW, _RET_KILL, _RET_ERRNO = 0x7FFF0000, 0x80000000, 0x00050000
 _LD, _JA, _JEQ, _JGE, _JSET, _RET = 0x20, 0x05, 0x15, 0x35, 0x45, 0x06
 _BLOCK = 200  # allowed numbers per block: classic BPF conditional jumps reach 255 instructions at most
+
+
+def _arg(index: int) -> int:
+    """Offset of the low 32 bits of argument ``index`` in ``struct seccomp_data`` (little endian)."""
+    return 16 + 8 * index
 
 
 def _assemble(prog: list[tuple]) -> bytes:
@@ -287,8 +311,9 @@ def seccomp_filter(self_pid: int) -> bytes | None:
     """The BPF program (x86_64 only; ``None`` elsewhere) for a process whose pid is ``self_pid``.
 
     ``clone`` is allowed only with ``CLONE_THREAD``; ``clone3`` answers ENOSYS so that libc falls
-    back to ``clone`` (whose flags a classic BPF filter can inspect). ``socket`` only for
-    ``AF_UNIX``: no IP (TCP or UDP, loopback included), netlink (``sock_diag``), packet or vsock.
+    back to ``clone`` (whose flags a classic BPF filter can inspect). ``socket`` and ``socketpair`` only
+    for ``AF_UNIX``: no IP (TCP or UDP, loopback included), netlink (``sock_diag``), packet or vsock.
+    The calls of ``_ARG_RULES`` only with the argument values listed there.
     """
     if not is_x86_64():
         return None
@@ -299,21 +324,21 @@ def seccomp_filter(self_pid: int) -> bytes | None:
         block = allowed[b:b + _BLOCK]
         prog += [(_JEQ, f"allow{b}", 0, nr) for nr in block]
         prog += [(_JA, 0, 0, 1), ("label", f"allow{b}"), (_RET, 0, 0, _RET_ALLOW)]
-    prog += [(_JEQ, "socket", 0, _SOCKET), (_JEQ, "clone", 0, _CLONE), (_JEQ, "prctl", 0, _PRCTL),
-             (_JEQ, "enosys", 0, _CLONE3)]
-    prog += [(_JEQ, "zero", 0, nr) for nr in sorted(_SELF_ZERO.values())]
-    prog += [(_JEQ, "self", 0, nr) for nr in sorted(_SELF_PID.values())]
+    rules = {**_ARG_RULES, **{nr: (0, (0,), errno.EPERM) for nr in _SELF_ZERO.values()},
+             **{nr: (0, (self_pid & 0xFFFFFFFF,), errno.EPERM) for nr in _SELF_PID.values()}}
+    prog += [(_JEQ, f"rule{nr}", 0, nr) for nr in sorted(rules)]
+    prog += [(_JEQ, "clone", 0, _CLONE), (_JEQ, "prctl", 0, _PRCTL), (_JEQ, "enosys", 0, _CLONE3)]
     prog += [("label", "deny"), (_RET, 0, 0, _RET_ERRNO | errno.EPERM),
-             ("label", "enosys"), (_RET, 0, 0, _RET_ERRNO | errno.ENOSYS),
-             ("label", "socket"), (_LD, 0, 0, 16), (_JEQ, "allow", "eafnosupport", _AF_UNIX),
-             ("label", "clone"), (_LD, 0, 0, 16), (_JSET, "allow", "eperm", _CLONE_THREAD),
-             ("label", "zero"), (_LD, 0, 0, 16), (_JEQ, "allow", "eperm", 0),
-             ("label", "self"), (_LD, 0, 0, 16), (_JEQ, "allow", "eperm", self_pid & 0xFFFFFFFF),
-             ("label", "prctl"), (_LD, 0, 0, 16)]
+             ("label", "enosys"), (_RET, 0, 0, _RET_ERRNO | errno.ENOSYS)]
+    for nr, (index, values, err) in sorted(rules.items()):  # each block: its own exits (jumps only go forward)
+        prog += [("label", f"rule{nr}"), (_LD, 0, 0, _arg(index))]
+        prog += [(_JEQ, f"ok{nr}", 0, v) for v in values]
+        prog += [(_RET, 0, 0, _RET_ERRNO | err), ("label", f"ok{nr}"), (_RET, 0, 0, _RET_ALLOW)]
+    prog += [("label", "clone"), (_LD, 0, 0, _arg(0)), (_JSET, "allow", "eperm", _CLONE_THREAD),
+             ("label", "prctl"), (_LD, 0, 0, _arg(0))]
     prog += [(_JEQ, "eperm", 0, opt) for opt in _PRCTL_DENY]
-    prog += [("label", "allow"), (_RET, 0, 0, _RET_ALLOW),  # classic BPF jumps only forward: exits last
-             ("label", "eperm"), (_RET, 0, 0, _RET_ERRNO | errno.EPERM),
-             ("label", "eafnosupport"), (_RET, 0, 0, _RET_ERRNO | errno.EAFNOSUPPORT)]
+    prog += [("label", "allow"), (_RET, 0, 0, _RET_ALLOW),
+             ("label", "eperm"), (_RET, 0, 0, _RET_ERRNO | errno.EPERM)]
     return _assemble(prog)
 
 

@@ -1,4 +1,4 @@
-"""Fork server for the TIR-Math sandbox (run as ``python -I _forkserver.py BASE_TMP LEVEL``; stdlib only).
+"""Fork server for the TIR-Math sandbox (stdlib only; started by ``sandbox.Sandbox`` through ``sandbox.BOOT``).
 
 Why a separate process: forking the training process (torch threads, GBs of RSS) per
 call is slow and unsafe, and a cold ``python -c`` pays the ~0.6 s sympy import each
@@ -8,13 +8,17 @@ per request, has the zygote fork one confined child. It is started with a scrubb
 environment, so children inherit no secrets.
 
 Protocol on stdin/stdout: 4-byte big-endian length + UTF-8 JSON, one reply per request.
-The first message is a handshake naming the boundary in force (``layers["boundary"]``).
+The first frame on stdin carries this module's and its siblings' sources and the temp base, so
+neither the command line nor any module's file name names a host path (see ``sandbox.BOOT``). The first
+message back is a handshake naming the boundary in force (``layers["boundary"]``). End of input
+ends the server after its janitor has removed every per-call directory.
 
 Boundary levels (the best one the kernel allows, capped by ``LEVEL``; see docs/sandbox.md):
 
 * ``namespace``: after the imports the server itself moves into an empty network namespace
   and a private mount namespace whose root holds only read-only views of the Python
-  installation, site-packages and system libraries, then makes PID and IPC namespaces whose
+  installation, site-packages and system libraries, and a UTS namespace (hostname ``sandbox``),
+  then makes PID and IPC namespaces whose
   init is the zygote; each run gets a fresh tmpfs working directory that is unmounted
   afterwards. Children then drop every capability, become ``nobody``, set ``no_new_privs``
   and enter Landlock and a deny-by-default seccomp filter.
@@ -29,6 +33,7 @@ observation; it is never relied on (user code can switch it off).
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import json
 import logging
@@ -44,13 +49,20 @@ import sysconfig
 import tempfile
 import threading
 import time
+import types
 
 
 def _sibling(name: str):
-    """Load a sibling module by path (the server runs as a script under ``-I``, not as a package)."""
-    spec = importlib.util.spec_from_file_location(f"_tirsb_{name}", pathlib.Path(__file__).with_name(f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    """A sibling module: from the sources the client sent (file name ``<sandbox:NAME>``), or by path when this
+    module is imported as part of the package (tests)."""
+    sources = globals().get("_SOURCES")
+    if sources is None:
+        spec = importlib.util.spec_from_file_location(f"_tirsb_{name}", pathlib.Path(__file__).with_name(f"{name}.py"))
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    module = types.ModuleType(f"_tirsb_{name}")
+    exec(compile(sources[name], f"<sandbox:{name}>", "exec"), module.__dict__)
     return module
 
 
@@ -171,18 +183,21 @@ def _nobody_can_read(roots: list[str]) -> bool:
 
 
 def _enter_network_namespace(plan: Plan) -> str | None:
-    """Server-wide (hence every child): an empty network namespace (in a user namespace when not root)."""
+    """Server-wide (hence every child): an empty network namespace (in a user namespace when not root) and a
+    UTS namespace whose hostname is ``sandbox`` (``uname`` would name the host)."""
     uid, gid = os.getuid(), os.getgid()
     try:
         if os.geteuid() == 0:
-            confine.unshare(confine.CLONE_NEWNET)
+            confine.unshare(confine.CLONE_NEWNET | confine.CLONE_NEWUTS)
         else:
-            confine.unshare(confine.CLONE_NEWUSER | confine.CLONE_NEWNET)
+            confine.unshare(confine.CLONE_NEWUSER | confine.CLONE_NEWNET | confine.CLONE_NEWUTS)
             confine.map_user_namespace(uid, gid)
+        socket.sethostname("sandbox")
     except OSError as e:
         plan.layers["netns_error"] = str(e)
         return f"no network/user namespace ({e})"
     plan.layers["netns"] = "empty network namespace"
+    plan.layers["utsns"] = "hostname 'sandbox'"
     return None
 
 
@@ -208,8 +223,8 @@ def _enter_jail(plan: Plan, roots: list[str]) -> str | None:
 
 def _plan(base_tmp: str, max_level: str, roots: list[str]) -> Plan:
     plan = Plan(base_tmp)
-    plan.layers = {"boundary": "none", "fallback": None, "netns": None, "netns_error": None, "mountns": None,
-                   "pidns": None, "uid_drop": None, "landlock": None, "seccomp": None}
+    plan.layers = {"boundary": "none", "fallback": None, "netns": None, "netns_error": None, "utsns": None,
+                   "mountns": None, "pidns": None, "uid_drop": None, "landlock": None, "seccomp": None}
     plan.read_roots = roots
     plan.drop_privileges = max_level != "none"
     plan.landlock_abi = confine.landlock_abi() if max_level != "none" else 0
@@ -349,8 +364,26 @@ def _discard_workdir(plan: Plan, workdir: str) -> None:
 
 
 def _janitor(plan: Plan) -> None:
-    while True:
-        _remove_tree(plan.base_fd, plan.janitor.get())
+    """Remove queued directories until ``None`` arrives (the server is closing)."""
+    while (name := plan.janitor.get()) is not None:
+        _remove_tree(plan.base_fd, name)
+
+
+def _scrub_host_names() -> None:
+    """Forget what names the host outside the Python installation, before any child is forked: ``sys.argv`` and
+    ``sys.orig_argv`` (``-c``, the level), ``sys.path`` entries that are not directories here, and the finders
+    and modules of editable installs (they map package names to the project's checkout)."""
+    sys.argv[:] = sys.argv[:1] + [a for a in sys.argv[1:] if a in LEVELS]
+    sys.orig_argv[:] = [a for a in sys.orig_argv if not a.startswith("/") and "\n" not in a]
+    sys.path[:] = [p for p in sys.path if os.path.isdir(p)]
+    sys.path_importer_cache.clear()
+    editable = [name for name in sys.modules if name.startswith("__editable__")]
+    sys.meta_path[:] = [f for f in sys.meta_path if getattr(f, "__module__", "") not in editable
+                        and getattr(type(f), "__module__", "") not in editable]
+    sys.path_hooks[:] = [h for h in sys.path_hooks if getattr(h, "__module__", "") not in editable]
+    for name in editable:
+        del sys.modules[name]
+    gc.collect()  # the finder's module namespace lives on in reference cycles until collected
 
 
 # --- running one request ------------------------------------------------------------
@@ -512,33 +545,46 @@ def _start_zygote(plan: Plan, protocol_fds: tuple[int, int]) -> tuple[socket.soc
     return ours, pid
 
 
-def main() -> None:
-    base_tmp = sys.argv[1]
-    max_level = sys.argv[2] if len(sys.argv) > 2 and sys.argv[2] in LEVELS else "namespace"
+def main(base_tmp: str, max_level: str, preload: bool = True) -> None:
+    max_level = max_level if max_level in LEVELS else "namespace"
     # The protocol owns the original stdout; anything printed by imports goes to stderr.
     rfd, wfd = sys.stdin.fileno(), os.dup(sys.stdout.fileno())
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     logging.disable(logging.WARNING)  # math-verify warns about its disabled timeouts
-    preloaded = []
-    for name in PRELOAD:
+    preloaded, warmed = [], False
+    for name in PRELOAD if preload else ():
         try:
             __import__(name)
             preloaded.append(name)
         except ImportError:
             pass
     try:
-        _warm_up()
-        warmed = True
+        if preload:
+            _warm_up()
+            warmed = True
     except Exception:  # noqa: BLE001 - a missing optional package only costs speed
-        warmed = False
+        pass
     plan = _plan(base_tmp, max_level, _python_roots())
+    del base_tmp  # every child is forked below this frame: only the plan keeps it, and only where it is the workdir
+    _scrub_host_names()
     _enter_process_namespaces(plan)
     plan.layers.update(preloaded=preloaded, warmed=warmed)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     ctl, zygote_pid = _start_zygote(plan, (rfd, wfd))
+    janitor = None
     if plan.base_fd is not None:  # after the fork: the zygote never has this thread
-        threading.Thread(target=_janitor, args=(plan,), daemon=True).start()
+        janitor = threading.Thread(target=_janitor, args=(plan,), daemon=True)
+        janitor.start()
     _send(wfd, {"ready": True, "layers": plan.layers, "pid": os.getpid(), "zygote": zygote_pid})
+    try:
+        _serve(plan, ctl, rfd, wfd)
+    finally:
+        if janitor is not None:  # drain: no per-call directory outlives the server
+            plan.janitor.put(None)
+            janitor.join()
+
+
+def _serve(plan: Plan, ctl: socket.socket, rfd: int, wfd: int) -> None:
     while True:
         try:
             req = _recv(rfd)
@@ -556,7 +602,3 @@ def main() -> None:
         _send(wfd, reply)
         if lost:  # the client starts a fresh server on the next call
             return
-
-
-if __name__ == "__main__":
-    main()

@@ -28,7 +28,24 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-_SERVER = Path(__file__).with_name("_forkserver.py")
+#: what the server process runs (``python -I -c BOOT LEVEL``): it reads its modules' sources, the temp base and
+#: whether to preload sympy from the first frame on stdin, so no host path is on its command line, in ``sys.argv``
+#: or in a module's file name (children inherit all of these)
+BOOT = """import json, os, struct, sys
+def _read(n):
+    b = b""
+    while len(b) < n:
+        c = os.read(0, n - len(b))
+        if not c:
+            raise SystemExit(1)
+        b += c
+    return b
+_boot = json.loads(_read(struct.unpack(">I", _read(4))[0]))
+_ns = {"__name__": "_tirsb_server", "_SOURCES": _boot.pop("sources")}
+exec(compile(_ns["_SOURCES"]["_forkserver"], "<sandbox:_forkserver>", "exec"), _ns)
+_ns["main"](_boot.pop("base_tmp"), sys.argv[1], _boot.pop("preload"))
+"""
+_MODULES = ("_forkserver", "_confine", "_zygote")
 #: environment of the server (and hence of every child): nothing from the parent leaks in
 _SERVER_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1",
                "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
@@ -98,17 +115,23 @@ class Sandbox:
             the output). ``False`` leaves only the kernel-enforced layers; it exists to test them.
         max_boundary: strongest containment level to try (one of ``BOUNDARIES``); lower it only to
             test the fallbacks. The level reached is ``boundary``.
+        preload: import and warm up sympy/numpy/math-verify in the server (children start with them warm);
+            ``False`` starts the server in a fraction of the time, for short-lived servers that run plain Python.
+        close_timeout: seconds ``close`` waits for the server to remove its per-call directories (fallback
+            levels) before it kills it.
     """
 
     def __init__(self, timeout: float = 3.0, memory_mb: int = 2048, max_output: int = 65536,
                  kill_output: int = 1 << 20, file_size: int = 4 << 20, margin: float = 5.0,
-                 startup_timeout: float = 120.0, audit_hook: bool = True, max_boundary: str = "namespace"):
+                 startup_timeout: float = 120.0, audit_hook: bool = True, max_boundary: str = "namespace",
+                 preload: bool = True, close_timeout: float = 60.0):
         if max_boundary not in BOUNDARIES:
             raise ValueError(f"max_boundary must be one of {BOUNDARIES}, got {max_boundary!r}")
         self.max_boundary = max_boundary
         self.timeout, self.memory_mb, self.margin = float(timeout), int(memory_mb), float(margin)
         self.max_output, self.kill_output, self.file_size = int(max_output), int(kill_output), int(file_size)
         self.startup_timeout, self.audit_hook = float(startup_timeout), bool(audit_hook)
+        self.preload, self.close_timeout = bool(preload), float(close_timeout)
         self._lock = threading.Lock()
         self._proc: subprocess.Popen | None = None
         self._owner_pid = -1
@@ -144,10 +167,18 @@ class Sandbox:
             self._proc = None  # inherited across fork(): the pipes belong to the parent process
         self._stop_server()
         self._proc = subprocess.Popen(
-            [sys.executable, "-I", str(_SERVER), tempfile.gettempdir(), self.max_boundary],
+            [sys.executable, "-I", "-c", BOOT, self.max_boundary],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
             env=_SERVER_ENV, start_new_session=True, close_fds=True, cwd="/")
         self._owner_pid = os.getpid()
+        here = Path(__file__).parent
+        boot = json.dumps({"sources": {m: (here / f"{m}.py").read_text() for m in _MODULES},
+                           "base_tmp": tempfile.gettempdir(), "preload": self.preload}).encode("utf-8")
+        try:
+            self._proc.stdin.write(struct.pack(">I", len(boot)) + boot)
+            self._proc.stdin.flush()
+        except OSError:
+            pass  # a server that died at once gives no handshake below
         hello = self._read_reply(time.monotonic() + self.startup_timeout)
         if hello is None or not hello.get("ready"):
             self._stop_server()
@@ -164,10 +195,18 @@ class Sandbox:
         _LOG.warning("TIR-Math sandbox boundary: %r (%s); see docs/sandbox.md for what this level guarantees",
                      level, why or "requested")
 
-    def _stop_server(self) -> None:
+    def _stop_server(self, grace: float = 0.0) -> None:
+        """Stop the server: with ``grace``, end its input and give it that long to finish (its janitor removes
+        every per-call directory before it exits); then kill its process group."""
         proc, self._proc = self._proc, None
         if proc is None:
             return
+        if grace > 0 and proc.poll() is None:
+            try:
+                proc.stdin.close()
+                proc.wait(grace)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
@@ -175,12 +214,16 @@ class Sandbox:
         proc.wait()
         for f in (proc.stdin, proc.stdout):
             if f is not None:
-                f.close()
+                try:
+                    f.close()
+                except OSError:
+                    pass
 
     def close(self) -> None:
+        """Stop the server once it has removed what its calls left (``close_timeout`` at most)."""
         with self._lock:
             if self._owner_pid == os.getpid():
-                self._stop_server()
+                self._stop_server(self.close_timeout)
 
     def __del__(self):
         try:
