@@ -24,9 +24,21 @@ from gymnasium import spaces
 CHARSET = frozenset(string.printable) | frozenset("√—–’“”…°×÷·")
 MAX_TEXT_LENGTH = 1_000_000
 
-#: control characters a program, a file or a test could use to forge or garble observations and logs
-#: (all but tab and newline: carriage return, vertical tab, form feed, escapes, NUL, C1 controls)
-_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+#: Code points no observation carries: C0/C1 controls but tab and newline (carriage return, escapes, NUL), format
+#: characters (Unicode category Cf: bidi embeddings and isolates U+202A-202E/U+2066-2069, zero-width characters,
+#: U+FEFF, soft hyphen, tag characters U+E0001/U+E0020-E007F), the line and paragraph separators U+2028/2029 and lone
+#: surrogates. Text with these can reorder, hide or split what a reader sees, or forge lines in logs and prompts.
+#: A table rather than a per-character ``unicodedata`` scan (one pass of ``re``); ``tests/test_env_hostile_text.py``
+#: checks it against this Python's Unicode database (the Unicode 15 additions are included already).
+HIDDEN_RANGES = ((0x0, 0x8), (0xB, 0x1F), (0x7F, 0x9F), (0xAD, 0xAD), (0x600, 0x605), (0x61C, 0x61C), (0x6DD, 0x6DD),
+                 (0x70F, 0x70F), (0x890, 0x891), (0x8E2, 0x8E2), (0x180E, 0x180E), (0x200B, 0x200F), (0x2028, 0x202E),
+                 (0x2060, 0x2064), (0x2066, 0x206F), (0xD800, 0xDFFF), (0xFEFF, 0xFEFF), (0xFFF9, 0xFFFB),
+                 (0x110BD, 0x110BD), (0x110CD, 0x110CD), (0x13430, 0x1343F), (0x1BCA0, 0x1BCA3), (0x1D173, 0x1D17A),
+                 (0xE0001, 0xE0001), (0xE0020, 0xE007F))
+_HIDDEN = re.compile("[" + "".join(f"{re.escape(chr(a))}-{re.escape(chr(b))}" for a, b in HIDDEN_RANGES) + "]")
+#: Largest observation ``step`` returns unless an env sets its own ``max_observation_chars``.
+MAX_OBSERVATION_CHARS = 16_384
+TRUNCATION_NOTE = " [... observation truncated]"
 
 #: Keys present in every ``info`` dict returned by ``reset`` and ``step``.
 INFO_KEYS = ("won", "admissible_actions", "action_is_valid", "task")
@@ -37,8 +49,15 @@ class EnvStateError(RuntimeError):
 
 
 def clean_observation(text: str) -> str:
-    """``text`` without control characters other than tab and newline (every env's observations)."""
-    return _CONTROL.sub("", text)
+    """``text`` without the code points of ``HIDDEN_RANGES`` (every env's observations)."""
+    return _HIDDEN.sub("", text)
+
+
+def bound_observation(text: str, limit: int) -> str:
+    """``text`` cut to at most ``limit`` characters, the cut marked."""
+    if len(text) <= limit:
+        return text
+    return text[: max(0, limit - len(TRUNCATION_NOTE))] + TRUNCATION_NOTE[: limit]
 
 
 def text_space(charset: frozenset[str] = CHARSET) -> spaces.Text:
@@ -55,6 +74,9 @@ class TextEnv(gym.Env[str, str]):
     """
 
     metadata = {"render_modes": ["ansi"], "render_fps": 1}
+    #: the longest observation ``step`` returns (characters); the env's own caps keep its observations shorter,
+    #: this one holds whatever path a hostile action takes
+    max_observation_chars = MAX_OBSERVATION_CHARS
     #: "new" (never reset), "running", "ended" (terminated or truncated) or "closed"; class-level so a subclass
     #: that sets up its engine before ``super().__init__`` is covered too.
     _phase = "new"
@@ -107,7 +129,7 @@ class TextEnv(gym.Env[str, str]):
         if not isinstance(action, str):
             action = "" if action is None else str(action)
         obs, reward, terminated, truncated, info = self._step(action)
-        obs = clean_observation(obs)
+        obs = bound_observation(clean_observation(obs), self.max_observation_chars)
         if terminated or truncated:
             self._phase = "ended"
         self._last_obs = obs

@@ -156,10 +156,14 @@ PROGRAMS = [
     # round four: syscall arguments (socket families, file locks, page-cache probes, ioctl), x32 numbers, host facts
     ("syscall_arguments", "socketpair_inet", LIBC + "fds = (ctypes.c_int * 2)()\n"
      "ok = libc.socketpair(2, 1, 0, fds) == 0 or ctypes.get_errno() == 95\n"  # EOPNOTSUPP: an inet socket was made
-     "print('ESCAPED' if ok else 'no', libc.socketpair(1, 1, 0, fds))", None),
+     "print('ESCAPED' if ok else 'no')", None),
     ("syscall_arguments", "socketpair_netlink_vsock", LIBC + "fds = (ctypes.c_int * 2)()\n"
      "made = [f for f in (16, 40, 10) if libc.socketpair(f, 2, 0, fds) == 0 or ctypes.get_errno() == 95]\n"
      "print('ESCAPED' if made else 'no')", None),
+    ("between_calls", "inode_counter", LIBC + "import os\nmade = []\ntry:\n    os.pipe()\n    made.append('pipe')\n"
+     "except OSError:\n    pass\nfds = (ctypes.c_int * 2)()\nif libc.socketpair(1, 1, 0, fds) == 0:\n"
+     "    made.append('unix socketpair')\nif libc.socket(1, 1, 0) >= 0:\n    made.append('unix socket')\n"
+     "print('ESCAPED' if made else 'no', made)", None),
     ("syscall_arguments", "flock_host_file", LIBC + "import os\nfd = os.open(os.__file__, os.O_RDONLY)\n"
      "print('ESCAPED' if libc.flock(fd, 1 | 4) == 0 else 'no')", None),
     ("syscall_arguments", "fcntl_lock_host_file", LIBC + "import os, struct\nfd = os.open(os.__file__, os.O_RDONLY)\n"

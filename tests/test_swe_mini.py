@@ -256,6 +256,7 @@ def test_a_sandbox_that_cannot_start_is_a_reported_problem(monkeypatch):
     from arena_envs.tirmath.sandbox import Sandbox
 
     monkeypatch.setitem(runner._BOXES, os.getpid(), Sandbox(startup_timeout=1e-6))
+    monkeypatch.setattr(runner, "grading_sandbox", lambda: Sandbox(startup_timeout=1e-6))  # one per submission
     env = SWEMiniEnv()
     env.reset(seed=0)
     obs, reward, terminated, _tr, info = env.step("run_tests")

@@ -83,10 +83,21 @@ def test_turn_limit_and_output_truncation():
     obs, _, terminated, truncated, _ = env.step("```python\nprint('a' * 100)\n```")
     assert obs == "\nCode execution result: " + "a" * 10 + "...\n" and not (terminated or truncated)
     obs, reward, terminated, truncated, info = env.step("```python\nprint(1 / 0)\n```")
-    assert obs == "\nCode execution result: ZeroDivisionError: division by zero\n"
+    assert obs == "\nCode execution result: ZeroDivisi...\n"  # the error line is cut like stdout
     assert truncated and not terminated and reward == 0.0
     with pytest.raises(EnvStateError, match="after the episode ended"):  # the arena_envs contract
         env.step("\\boxed{1}")
+
+
+@pytest.mark.parametrize("code", ["raise ValueError('\\u202e' + 'e' * 100_000)", "print('\\u2066o' * 100_000)",
+                                  "x = ['\\u200b' * 10**5 for _ in range(10**6)]",
+                                  "import sys\nsys.stdout.write('\\ufeffz' * 2_000_000)"])
+def test_every_result_path_is_bounded_and_clean(env, code):
+    """Error line, stdout, memory and output-limit results: within ``max_observation_chars``, format characters gone."""
+    env.reset(seed=0)
+    obs, *_ = env.step(f"```python\n{code}\n```")
+    assert len(obs) <= env.max_observation_chars <= 512 + 128
+    assert not set(obs) & {"\u202e", "\u2066", "\u200b", "\ufeff"} and len(obs) > 40, obs
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -157,6 +157,8 @@ def edit(files: dict[str, str], command: Command) -> tuple[str, str]:
     if sum(len(t) for p, t in files.items() if p != path) + len(text) > MAX_REPO_CHARS:
         raise CommandError(f"Edit rejected: the repository would exceed {MAX_REPO_CHARS} characters.")
     files[path] = text
-    shown_from, shown_to = max(0, start - 3), start - 1 + len(command.block) + 2
+    shown_from, region_end = max(0, start - 3), min(start - 1 + len(command.block) + 2, len(new_lines))
+    shown_to = min(region_end, shown_from + WINDOW)  # at most WINDOW lines, like open
+    more = f"\n({region_end - shown_to} more edited lines; open {path} {shown_to + 1})" if region_end > shown_to else ""
     return path, (f"Edited {path}: lines {start}-{end} replaced by {len(command.block)} line(s).\n"
-                  f"{numbered(text, shown_from, shown_to)}")
+                  f"{numbered(text, shown_from, shown_to)}{more}")

@@ -16,12 +16,16 @@ from typing import Any
 from arena_envs.base import CHARSET, TextEnv
 from arena_envs.swe import commands
 from arena_envs.swe.generator import Task, generate_task
-from arena_envs.swe.runner import grade_calls, run_tests
+from arena_envs.swe.runner import MESSAGE_CHARS, grade_calls, run_tests
 
 #: Task seeds of each split (disjoint ranges; a reset seed picks a task seed inside its split's range).
 SPLITS = {"train": (0, 1_000_000_000), "test": (1_000_000_000, 2_000_000_000)}
-#: Failures listed by run_tests.
+#: Failures (and collection errors) listed by run_tests.
 MAX_FAILURES_SHOWN = 8
+#: Characters of a test id or file path quoted by run_tests (the package can write its own report).
+ID_CHARS = 200
+#: Longest observation (characters): ``open``'s 40 lines of at most 400 characters fit, whatever path an action takes.
+MAX_OBSERVATION_CHARS = 20_000
 _INSTRUCTIONS = (
     "You are in a Python repository with a bug report. One command per action:\n"
     "  ls [dir] - list files\n"
@@ -38,6 +42,10 @@ def _printable(text: str) -> str:
     return "".join(ch if ch in CHARSET else "?" for ch in text)
 
 
+def _more(shown: int, total: int) -> list[str]:
+    return [f"... and {total - shown} more."] if total > shown else []
+
+
 class SWEMiniEnv(TextEnv):
     """Repository-level bug fixing on generated packages.
 
@@ -50,6 +58,8 @@ class SWEMiniEnv(TextEnv):
         dense_reward: reward on submit = fraction of hidden tests passing instead of all-or-nothing.
         test_timeout: wall-clock limit of one test run (seconds).
     """
+
+    max_observation_chars = MAX_OBSERVATION_CHARS
 
     def __init__(self, num_modules: int = 3, functions_per_module: int = 5, num_bugs: int = 1,
                  num_distractors: int = 1, split: str = "train", dense_reward: bool = False,
@@ -107,16 +117,19 @@ class SWEMiniEnv(TextEnv):
         return self._report(run_tests(self.files, command.args, self.test_timeout), command.args)
 
     def _report(self, run, pattern: str) -> str:
+        """The run's summary: at most MAX_FAILURES_SHOWN collection errors and failures, ids cut at ID_CHARS and
+        messages at MESSAGE_CHARS -- the report comes from the package's process, which can write any report."""
         if run.problem:
             return f"No test results: {run.problem}."
         failed = [(k, msg) for k, (ok, msg) in run.results.items() if not ok]
+        errors = list(run.errors.items())
         lines = [f"{len(run.results)} test(s) ran{f' matching {pattern[:60]!r}' if pattern else ''}: "
                  f"{len(run.results) - len(failed)} passed, {len(failed)} failed."]
-        lines += [f"ERROR collecting {path}: {msg}" for path, msg in run.errors.items()]
-        lines += [f"FAILED {k} - {msg}" for k, msg in failed[:MAX_FAILURES_SHOWN]]
-        if len(failed) > MAX_FAILURES_SHOWN:
-            lines.append(f"... and {len(failed) - MAX_FAILURES_SHOWN} more.")
-        return "\n".join(lines)
+        lines += [f"ERROR collecting {p[:ID_CHARS]}: {m[:MESSAGE_CHARS]}" for p, m in errors[:MAX_FAILURES_SHOWN]]
+        lines += _more(MAX_FAILURES_SHOWN, len(errors))
+        lines += [f"FAILED {k[:ID_CHARS]} - {m[:MESSAGE_CHARS]}" for k, m in failed[:MAX_FAILURES_SHOWN]]
+        lines += _more(MAX_FAILURES_SHOWN, len(failed))
+        return "\n".join(" ".join(line.splitlines()) for line in lines)
 
     def _submit(self) -> tuple[str, float, bool, bool, dict[str, Any]]:
         self._done = True

@@ -197,18 +197,27 @@ def sandbox() -> Sandbox:
         return box
 
 
-def _run(program: str, timeout: float):
-    """(result, problem): the sandbox run, or why there is none."""
+def _run(program: str, timeout: float, box: Sandbox | None = None, quote_error: bool = True):
+    """(result, problem): the sandbox run, or why there is none. ``quote_error``: the problem quotes the run's last
+    error line (never for grading: the package under test could print the hidden inputs there)."""
     try:
-        result = sandbox().run(program, timeout=timeout, report=MAX_REPORT)
+        result = (box or sandbox()).run(program, timeout=timeout, report=MAX_REPORT)
     except (RuntimeError, OSError) as e:  # the server could not start (e.g. a machine out of processes)
         return None, f"the sandbox is unavailable ({e})"
     reasons = {"timeout": f"the test run exceeded its {timeout:g} s time limit", "memory": "the test run ran out "
                "of memory", "output_limit": "the test run printed too much output"}
     problem = reasons.get(result.status) or f"the test run ended without results ({result.status}"
     if result.status not in reasons:
-        problem += f": {result.last_error_line[:MESSAGE_CHARS]})" if result.last_error_line else ")"
+        quoted = quote_error and result.last_error_line
+        problem += f": {result.last_error_line[:MESSAGE_CHARS]})" if quoted else ")"
     return result, problem
+
+
+def grading_sandbox() -> Sandbox:
+    """A fresh server for one submission, closed after it: no later call -- another episode's ``run_tests``, the
+    next submission -- runs in the server, tmpfs, PID or IPC namespace where the hidden inputs were. No sympy
+    preload: the generated packages are plain Python, and the server starts in a fraction of a second."""
+    return Sandbox(timeout=10.0, max_output=1 << 20, kill_output=4 << 20, file_size=1 << 20, preload=False)
 
 
 def run_tests(files: dict[str, str], select: str = "", timeout: float = 10.0) -> TestRun:
@@ -234,7 +243,11 @@ def grade_calls(files: dict[str, str], tests: Sequence[HiddenTest], timeout: flo
     calls = [[t.module, t.function, repr((tuple(t.args), dict(t.kwargs)))] for t in tests]
     program = _GRADER % {"files": repr(json.dumps(files)), "calls": repr(json.dumps(calls)),
                          "per_test": repr(TEST_TIMEOUT), "max_value": repr(MAX_VALUE)}
-    result, problem = _run(program, timeout)
+    box = grading_sandbox()
+    try:
+        result, problem = _run(program, timeout, box, quote_error=False)
+    finally:
+        box.close()
     payload = parse_report(result.report if result is not None else None)
     entries = payload.get("values") if isinstance(payload, dict) else None
     if type(entries) is not list or len(entries) != len(tests):

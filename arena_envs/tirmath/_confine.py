@@ -11,7 +11,8 @@ Everything here is a raw syscall wrapper, so the server needs no extra package:
 * ``drop_privileges``: empty bounding/ambient/effective sets, uid drop, ``no_new_privs``.
 * ``Landlock``: file, TCP and signal/abstract-socket scoping for what namespaces leave.
 * ``seccomp_filter``: deny by default -- an allow-list of the calls a Python program needs, with
-  the process-targeting ones limited to the caller and sockets to ``AF_UNIX``.
+  the process-targeting ones limited to the caller, file/ioctl/madvise commands and read/write flags
+  checked, no sockets or pipes.
 * ``enter_process_namespaces``: fresh PID and IPC namespaces for the processes forked next.
 """
 
@@ -219,12 +220,14 @@ def landlock_restrict(abi: int, read: list[str], write: list[str], write_files: 
 #: mounts, ptrace, SysV and POSIX message-queue IPC, inotify/fanotify, memfd, uid changes, capget, calls that act on
 #: another process (priority, affinity, scheduler, io priority), bpf, io_uring, keyrings, file locks (``flock``),
 #: page-cache probes (``mincore``, ``readahead``, ``fadvise64``, ``cachestat``, ``sync_file_range``) and host
-#: facts (``sysinfo``, ``statfs``, ``fstatfs``, ``ustat``) -- answers EPERM (``clone3``: ENOSYS, so libc falls back to
-#: ``clone``). x32 numbers (``nr | 0x40000000``) and other architectures are refused whatever the number.
+#: facts (``sysinfo``, ``statfs``, ``fstatfs``, ``ustat``), and pipes and sockets of any family (EAFNOSUPPORT; each
+#: new pipe or socket takes a number from the kernel's global inode counter, which a later call reads back: a channel
+#: between calls; the child's pipes are made before the filter) -- answers EPERM (``clone3``: ENOSYS, so libc falls
+#: back to ``clone``). x32 numbers (``nr | 0x40000000``) and other architectures are refused whatever the number.
 _ALLOW = {
     "read": 0, "write": 1, "open": 2, "close": 3, "stat": 4, "fstat": 5, "lstat": 6, "poll": 7, "lseek": 8,
     "mmap": 9, "mprotect": 10, "munmap": 11, "brk": 12, "rt_sigaction": 13, "rt_sigprocmask": 14,
-    "rt_sigreturn": 15, "pread64": 17, "pwrite64": 18, "readv": 19, "writev": 20, "access": 21, "pipe": 22,
+    "rt_sigreturn": 15, "pread64": 17, "pwrite64": 18, "readv": 19, "writev": 20, "access": 21,
     "select": 23, "sched_yield": 24, "mremap": 25, "msync": 26, "dup": 32, "dup2": 33, "pause": 34, "nanosleep": 35,
     "getitimer": 36, "alarm": 37, "setitimer": 38, "getpid": 39, "sendfile": 40, "connect": 42, "accept": 43,
     "sendto": 44, "recvfrom": 45, "sendmsg": 46, "recvmsg": 47, "shutdown": 48, "bind": 49, "listen": 50,
@@ -246,7 +249,7 @@ _ALLOW = {
     "fchmodat": 268, "faccessat": 269, "pselect6": 270, "ppoll": 271, "set_robust_list": 273, "splice": 275,
     "tee": 276, "vmsplice": 278, "utimensat": 280, "epoll_pwait": 281, "signalfd": 282, "timerfd_create": 283,
     "eventfd": 284, "fallocate": 285, "timerfd_settime": 286, "timerfd_gettime": 287, "accept4": 288,
-    "signalfd4": 289, "eventfd2": 290, "epoll_create1": 291, "dup3": 292, "pipe2": 293, "preadv": 295,
+    "signalfd4": 289, "eventfd2": 290, "epoll_create1": 291, "dup3": 292, "preadv": 295,
     "pwritev": 296, "recvmmsg": 299, "sendmmsg": 307, "getcpu": 309, "renameat2": 316, "seccomp": 317,
     "getrandom": 318, "membarrier": 324, "copy_file_range": 326, "pkey_mprotect": 329, "pkey_alloc": 330,
     "pkey_free": 331, "statx": 332, "rseq": 334, "close_range": 436, "openat2": 437, "faccessat2": 439,
@@ -256,7 +259,7 @@ _ALLOW = {
 _SELF_ZERO = {"getpgid": 121, "getsid": 124, "sched_getaffinity": 204, "prlimit64": 302}
 #: signal calls allowed only towards the caller's own pid (first argument)
 _SELF_PID = {"kill": 62, "tkill": 200, "tgkill": 234, "rt_sigqueueinfo": 129, "rt_tgsigqueueinfo": 297}
-_SOCKET, _SOCKETPAIR, _CLONE, _CLONE3, _PRCTL, _CLONE_THREAD, _AF_UNIX = 41, 53, 56, 435, 157, 0x00010000, 1
+_SOCKET, _SOCKETPAIR, _CLONE, _CLONE3, _PRCTL, _CLONE_THREAD = 41, 53, 56, 435, 157, 0x00010000
 #: fcntl commands a program keeps: F_DUPFD, F_GETFD, F_SETFD, F_GETFL, F_SETFL, F_DUPFD_CLOEXEC, F_SETPIPE_SZ,
 #: F_GETPIPE_SZ, F_GET_SEALS. Refused: record locks (F_GETLK/F_SETLK/F_SETLKW, F_OFD_*: a read lock on a host file
 #: blocks the host's writers), F_NOTIFY (dnotify would report which host files are read), F_SETOWN/F_SETSIG
@@ -273,7 +276,7 @@ _MADV_OK = (0, 1, 2, 4, 8, 10, 11, 14, 15, 16, 17)
 #: 32-bit ``int``s, so the low half of the 64-bit argument is what counts. preadv2/pwritev2: flags (argument 5)
 #: must be 0 -- RWF_NOWAIT probes the page cache, RWF_DONTCACHE evicts from it
 _ARG_RULES = {
-    _SOCKET: (0, (_AF_UNIX,), errno.EAFNOSUPPORT), _SOCKETPAIR: (0, (_AF_UNIX,), errno.EAFNOSUPPORT),
+    _SOCKET: (0, (), errno.EAFNOSUPPORT), _SOCKETPAIR: (0, (), errno.EAFNOSUPPORT),  # no family at all
     72: (1, _FCNTL_OK, errno.EPERM), 16: (1, _IOCTL_OK, errno.ENOTTY), 28: (2, _MADV_OK, errno.EPERM),
     327: (5, (0,), errno.EOPNOTSUPP), 328: (5, (0,), errno.EOPNOTSUPP)}
 #: prctl options that would undo a layer: parent-death signal (outlive the server), dumpable,
@@ -311,9 +314,9 @@ def seccomp_filter(self_pid: int) -> bytes | None:
     """The BPF program (x86_64 only; ``None`` elsewhere) for a process whose pid is ``self_pid``.
 
     ``clone`` is allowed only with ``CLONE_THREAD``; ``clone3`` answers ENOSYS so that libc falls
-    back to ``clone`` (whose flags a classic BPF filter can inspect). ``socket`` and ``socketpair`` only
-    for ``AF_UNIX``: no IP (TCP or UDP, loopback included), netlink (``sock_diag``), packet or vsock.
-    The calls of ``_ARG_RULES`` only with the argument values listed there.
+    back to ``clone`` (whose flags a classic BPF filter can inspect). No ``socket`` or ``socketpair`` at all: no IP
+    (TCP or UDP, loopback included), netlink (``sock_diag``), packet, vsock or Unix sockets. The calls of
+    ``_ARG_RULES`` only with the argument values listed there.
     """
     if not is_x86_64():
         return None

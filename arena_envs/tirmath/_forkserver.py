@@ -23,8 +23,8 @@ Boundary levels (the best one the kernel allows, capped by ``LEVEL``; see docs/s
   afterwards. Children then drop every capability, become ``nobody``, set ``no_new_privs``
   and enter Landlock and a deny-by-default seccomp filter.
 * ``landlock``: no namespaces: Landlock limits file access to the read roots and a private
-  directory, the same seccomp filter forbids new processes, IPC, sockets other than
-  ``AF_UNIX`` and calls on other processes.
+  directory, the same seccomp filter forbids new processes, IPC, sockets, pipes and calls on
+  other processes.
 * ``none``: rlimits and the Python audit hook only -- attribution, not containment.
 
 The Python audit hook runs on every level but only to *name* a violation in the
@@ -257,7 +257,8 @@ def _plan(base_tmp: str, max_level: str, roots: list[str]) -> Plan:
     plan.layers["fallback"] = "; ".join(reasons) or None
     plan.layers["landlock"] = f"ABI {plan.landlock_abi}" if plan.landlock_abi else None
     plan.layers["seccomp"] = ("deny by default: no new processes, exec, IPC, inotify, uid changes or calls on other "
-                              "processes; sockets AF_UNIX only") if plan.seccomp else None
+                              "processes, no sockets or pipes, no file locks or page-cache probes"
+                              ) if plan.seccomp else None
     plan.layers["capabilities"] = "all dropped (bounding set too), no_new_privs" if plan.drop_privileges else None
     plan.layers["rlimit_nproc"] = "enforced" if plan.uid is not None or os.geteuid() != 0 else "ignored for root"
     return plan

@@ -36,6 +36,8 @@ from arena_envs.tirmath.sandbox import ExecResult, Sandbox, clean_text, shared_s
 _ACTION_OPEN = re.compile(r"<\s*action\s*>", re.IGNORECASE)
 _ACTION_CLOSE = re.compile(r"</\s*action\s*>", re.IGNORECASE)
 RESULT_TEMPLATE = "\nCode execution result: {}\n"
+#: longest status text of a result (timeout, crash, sandbox error) or note after one (memory, output limit)
+NOTE_CHARS = 64
 NO_TOOL_OBS = "No ```python code block and no \\boxed{} answer in this turn; the episode is over."
 
 INSTRUCTIONS = (
@@ -95,6 +97,8 @@ class TIRMathEnv(TextEnv):
         if max_turns < 1 or max_output_chars < 0:
             raise ValueError("max_turns must be >= 1 and max_output_chars >= 0")
         self.max_turns, self.max_output_chars = int(max_turns), int(max_output_chars)
+        self.max_observation_chars = max(len(NO_TOOL_OBS), len(RESULT_TEMPLATE.format("")) + self.max_output_chars
+                                         + len("...") + NOTE_CHARS)
         self.timeout, self.memory_mb, self.verify_timeout = float(timeout), int(memory_mb), float(verify_timeout)
         self._sandbox = sandbox
         self._problem: Problem | None = None
@@ -170,13 +174,14 @@ class TIRMathEnv(TextEnv):
         return close.end() if close else None
 
     def format_result(self, result: ExecResult) -> str:
-        """The ARLArena observation for one run: program text without control characters (except
-        newline and tab); stdout truncated to ``max_output_chars`` (the error line is bounded by the
-        sandbox's ``max_output``)."""
+        """The ARLArena observation for one run: program text without control or format characters (except
+        newline and tab); stdout and the error line truncated to ``max_output_chars``, so an observation never
+        exceeds ``max_observation_chars``."""
         if result.status == "timeout":
             text = "interpreter timeout"
         elif result.status == "memory":
-            text = f"{clean_text(result.last_error_line)} (memory limit of {self.memory_mb} MB exceeded)"
+            line = self._truncate(clean_text(result.last_error_line))
+            text = f"{line} (memory limit of {self.memory_mb} MB exceeded)"
         elif result.status == "output_limit":
             text = self._truncate(clean_text(result.stdout)) + " [output limit exceeded; execution stopped]"
         elif result.status == "crashed":
@@ -184,7 +189,7 @@ class TIRMathEnv(TextEnv):
         elif result.status == "sandbox_error":
             text = "sandbox error: the code could not be run"
         elif result.stderr.strip():
-            text = clean_text(result.last_error_line)
+            text = self._truncate(clean_text(result.last_error_line))
         else:
             text = self._truncate(clean_text(result.stdout).rstrip("\n"))
         return RESULT_TEMPLATE.format(text)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import select
 import signal
 import struct
@@ -27,6 +26,8 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from arena_envs.base import clean_observation
 
 #: what the server process runs (``python -I -c BOOT LEVEL``): it reads its modules' sources, the temp base and
 #: whether to preload sympy from the first frame on stdin, so no host path is on its command line, in ``sys.argv``
@@ -52,8 +53,6 @@ _SERVER_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONHASHSEED": "0"
 STATUSES = ("ok", "error", "timeout", "memory", "output_limit", "crashed", "sandbox_error")
 #: containment levels, strongest first (see ``_forkserver.py`` and docs/sandbox.md)
 BOUNDARIES = ("namespace", "landlock", "none")
-#: control characters a program could use to forge or garble observations and logs (all but \t and \n)
-_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 _LOG = logging.getLogger(__name__)
 #: largest gold + predicted answer (JSON) that ``verify`` sends
 MAX_VERIFY_BYTES = 32 << 10
@@ -61,8 +60,9 @@ _REPORTED: set[tuple[str, str | None]] = set()
 
 
 def clean_text(text: str) -> str:
-    """Remove control characters except newline and tab (terminal escapes, carriage returns, NULs)."""
-    return _CONTROL.sub("", text)
+    """Remove control characters except newline and tab (terminal escapes, carriage returns, NULs) and Unicode
+    format characters (bidi controls, zero-width characters, tags): ``arena_envs.base.clean_observation``."""
+    return clean_observation(text)
 
 
 @dataclass(frozen=True)
