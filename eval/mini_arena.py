@@ -29,7 +29,10 @@ import resource
 import subprocess
 import sys
 import time
+from collections import deque
+from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -42,11 +45,11 @@ from arena_train.bc import (
     save_model,
     sft_loss,
     tokenize_examples,
-    validation_success,
     warmup_cosine_lr,
 )
 from arena_train.rollout import EVAL_SEED_OFFSET, RolloutConfig
 from eval.evaluate import EvalResult, evaluate_policy, format_results, hf_policy
+from eval.side_process import SideProcess, bc_env, evaluate_start, run_seeds_apart
 from eval.stats import mean_ci, pct_ci
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -137,7 +140,14 @@ class Args:
     max_prompt_tokens: int = 512
     """prompt budget of BC, RL and evaluation (longer prompts keep their last tokens in BC and evaluation)"""
     torch_threads: int = 1
-    """CPU threads (1 avoids OpenMP contention on shared machines)"""
+    """CPU threads per process (1 avoids OpenMP contention on shared machines; another count gives other float
+    sums, so other numbers for the same seed)"""
+    overlap: bool = True
+    """BC validation checks and the BC start's and baselines' held-out evaluation in a second process, beside BC
+    training and the RL stage (the same numbers; --no-overlap: everything in one process)"""
+    seed_workers: int = 0
+    """pipeline seeds run at once, each in its own process (0: one per core, at most one per seed; 1: one after
+    another); each seed gives the same numbers either way"""
     skip_rl: bool = False
     """stop after BC (e.g. to build the checkpoint a sweep starts from)"""
     resume: bool = False
@@ -154,6 +164,8 @@ def resolve(args: Args) -> Args:
     for key in ("think_horizon",):
         if getattr(args, key) < 0:
             raise SystemExit(f"--{key.replace('_', '-')} must be >= 0")
+    if args.seed_workers < 0:
+        raise SystemExit("--seed-workers must be >= 0 (0: one per core)")
     for key in ("bc_episodes", "bc_max_steps", "bc_batch_size", "bc_eval_every", "bc_eval_episodes", "rl_iterations",
                 "num_groups", "group_size", "mini_batch_size", "rl_eval_episodes", "eval_episodes",
                 "max_response_tokens"):
@@ -180,20 +192,20 @@ def _env_var(name: str, value: str):
 
 
 # --- stage 2: behaviour cloning ---------------------------------------------------------
-def run_bc(args: Args, seed: int, out: Path) -> dict[str, Any]:
+def run_bc(args: Args, seed: int, out: Path, side: SideProcess | None = None) -> dict[str, Any]:
     """BC until validation success >= bc_target (or the best of all checks); saves an HF folder at ``out``.
 
     ``algos/sft.py``'s recipe through ``arena_train.bc`` (its defaults for what the profiles leave out:
     random-action probability 0.2, 10 turns, --max-prompt-tokens, 30 warm-up steps, no weight decay), with a
     validation check every ``bc_eval_every`` steps from ``bc_eval_start`` on and an early stop at the target.
+    A check validates a copy of the weights in ``side`` (the second process) while training goes on; its result
+    is read in check order, and a check that reaches the target stops training there (the steps trained past it
+    while it ran are dropped with the best checkpoint's reload): the same checkpoint and curve as checking in line.
     """
     import torch
 
-    import wrappers
-
-    def make_env():
-        return wrappers.make_env(args.env_id, history_length=0, format_penalty=0.1, prompt_style="compact")
-
+    side = side or SideProcess(0, args.torch_threads)
+    make_env = partial(bc_env, args.env_id)
     random.seed(seed), np.random.seed(seed), torch.manual_seed(seed)
     start = time.perf_counter()
     data = collect_expert_data(make_env, args.bc_episodes, max_turns=10, random_action_prob=0.2, think="", seed=seed,
@@ -209,6 +221,20 @@ def run_bc(args: Args, seed: int, out: Path) -> dict[str, Any]:
                                max_response_tokens=args.max_response_tokens)
     order = np.random.default_rng(seed).permutation(len(examples))
     curve, best, best_state, best_step, losses = [], -1.0, None, 0, []
+    pending: deque[tuple[int, float, Future, dict[str, torch.Tensor]]] = deque()  # checks in flight, in order
+    key, reached = f"{out.resolve()}:{time.time_ns()}", False
+
+    def read_check() -> None:  # the oldest check's result
+        nonlocal best, best_state, best_step, reached
+        check_step, loss, future, state = pending.popleft()
+        success = side.result(future)
+        curve.append({"step": check_step, "loss": loss, "val_success": success,
+                      "time_s": time.perf_counter() - start})
+        print(f"  [seed {seed}] BC step {check_step}: loss {loss:.3f}, validation success {success:.3f}", flush=True)
+        if success > best:
+            best, best_state, best_step = success, state, check_step
+        reached = success >= args.bc_target
+
     for step in range(args.bc_max_steps):
         batch = [examples[order[(step * args.bc_batch_size + k) % len(order)]] for k in range(args.bc_batch_size)]
         for group in optimizer.param_groups:
@@ -223,16 +249,18 @@ def run_bc(args: Args, seed: int, out: Path) -> dict[str, Any]:
         losses.append(loss.item())
         checkpoint = (step + 1) % args.bc_eval_every == 0 and step + 1 >= args.bc_eval_start
         if checkpoint or step + 1 == args.bc_max_steps:
-            model.eval()
-            success = validation_success(model, tokenizer, make_env, args.bc_eval_episodes, validation)
-            curve.append({"step": step + 1, "loss": float(np.mean(losses[-args.bc_eval_every:])),
-                          "val_success": success, "time_s": time.perf_counter() - start})
-            print(f"  BC step {step + 1}: loss {curve[-1]['loss']:.3f}, validation success {success:.3f}", flush=True)
-            if success > best:
-                best, best_step = success, step + 1
-                best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-            if success >= args.bc_target:
-                break
+            state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+            pending.append((step + 1, float(np.mean(losses[-args.bc_eval_every:])),
+                            side.validate(key, model, tokenizer, state, args.env_id, args.bc_eval_episodes,
+                                          validation), state))
+        while pending and not reached and pending[0][2].done():
+            read_check()
+        if reached:
+            break
+    while pending and not reached:
+        read_check()
+    for _, _, future, _ in pending:  # checks after the one that reached the target: not part of the run
+        future.cancel()
     model.load_state_dict(best_state)
     save_model(model, tokenizer, out, lora=False)
     record = {"step": best_step, "val_success": best, "examples": len(examples), "curve": curve,
@@ -403,11 +431,36 @@ def write_report(results: dict[str, Any], out: Path) -> str:
                      f"| {rl_cell} | {gain_cell} | {t['bc_s']:.0f} | {t.get('rl_s', 0):.0f} | {t['eval_s']:.0f} |")
     wall = (f"Wall time {results['wall_s'] / 60:.1f} min summed over {len(results['merged_from'])} runs"
             if "merged_from" in results else f"Total wall time {results['wall_s'] / 60:.1f} min")
+    machines = results.get("machines") or ([results["machine"]] if "machine" in results else [])
     lines += ["", f"{wall}; peak memory {results['peak_rss_mb']:.0f} MB (largest process).", "",
-              "![learning curve](learning_curve.png)", ""]
+              *[f"Machine: {describe_machine(m)}." for m in machines],
+              "Exact success rates depend on the CPU, torch and the thread count (float sums); the same seed on "
+              "the same machine gives the same numbers.", "", "![learning curve](learning_curve.png)", ""]
     text = "\n".join(lines)
     (out / "report.md").write_text(text)
     return text
+
+
+def machine_info(torch_threads: int, processes: int) -> dict[str, Any]:
+    """What the figures and times of a run were measured on: float sums (and so the exact numbers) and speed
+    depend on the CPU, the torch version and the thread count."""
+    import platform
+
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):
+        names = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                 if line.startswith("model name")]
+        cpu = names[0] if names else cpu
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {"cpu": cpu, "cores": cores, "torch": torch.__version__, "torch_threads": torch_threads,
+            "processes": processes}
+
+
+def describe_machine(machine: dict[str, Any]) -> str:
+    return (f"{machine['cpu']}, {machine['cores']} cores, torch {machine['torch']}, {machine['torch_threads']} "
+            f"torch thread(s) per process, {machine['processes']} process(es) at a time")
 
 
 def peak_rss_mb() -> float:
@@ -425,7 +478,10 @@ def _previous(args: Args, seed: int) -> dict[str, Any] | None:
     return next((r for r in json.loads(path.read_text())["per_seed"] if r["seed"] == seed), None)
 
 
-def run_seed(args: Args, seed: int) -> dict[str, Any]:
+def run_seed(args: Args, seed: int, side: SideProcess | None = None) -> dict[str, Any]:
+    """BC, RL and the held-out evaluation of one pipeline seed; what needs no RL model (the BC start's and the
+    baselines' evaluation) runs in ``side`` while the RL stage trains."""
+    side = side or SideProcess(0, args.torch_threads)
     seed_dir = args.out / f"seed{seed}"
     seed_dir.mkdir(parents=True, exist_ok=True)
     prev = _previous(args, seed)
@@ -435,12 +491,16 @@ def run_seed(args: Args, seed: int) -> dict[str, Any]:
     else:
         print(f"[seed {seed}] BC on {args.env_id} ({args.model})", flush=True)
         t0 = time.perf_counter()
-        bc = run_bc(args, seed, seed_dir / "bc")
+        bc = run_bc(args, seed, seed_dir / "bc", side)
         bc["target"] = args.bc_target
         timing = {"bc_s": time.perf_counter() - t0}
     record: dict[str, Any] = {"seed": seed, "bc": bc, "timing": timing}
     print(f"[seed {seed}] BC checkpoint: step {bc['step']}, validation success {bc['val_success']:.3f}, "
           f"{bc['params'] / 1e6:.2f} M parameters", flush=True)
+    seeds = [EVAL_SEED_OFFSET + k for k in range(args.eval_episodes)]
+    t_start_eval = time.perf_counter()
+    start_eval = side.submit(evaluate_start, args, seed_dir / "bc", seeds)
+    t_start_eval = time.perf_counter() - t_start_eval  # in line (--no-overlap): the whole evaluation
     if not args.skip_rl and prev is not None and "rl" in prev and Path(prev["rl"]["model"]).is_dir():
         record["rl"], timing["rl_s"] = prev["rl"], prev["timing"]["rl_s"]
         print(f"[seed {seed}] RL: reusing {prev['rl']['model']}", flush=True)
@@ -450,23 +510,22 @@ def run_seed(args: Args, seed: int) -> dict[str, Any]:
         record["rl"] = run_rl(args, seed, seed_dir / "bc", seed_dir)
         timing["rl_s"] = time.perf_counter() - t1
     t2 = time.perf_counter()
-    seeds = [EVAL_SEED_OFFSET + k for k in range(args.eval_episodes)]
-    bc_result, bc_wins = evaluate_model(args, seed_dir / "bc", "BC start", seeds)
+    rl_eval = evaluate_model(args, record["rl"]["model"], args.rl_script.upper(), seeds) if "rl" in record else None
+    bc_result, bc_wins, baselines = side.result(start_eval)
     results = [bc_result]
     record["eval"] = {"bc": bc_result.as_dict(),
                       # iteration 0 of the learning curve: BC on the RL run's in-training evaluation seeds
                       "bc_curve_point": float(np.mean(bc_wins[:args.rl_eval_episodes]))}
-    if "rl" in record:
-        rl_result, rl_wins = evaluate_model(args, record["rl"]["model"], args.rl_script.upper(), seeds)
+    if rl_eval is not None:
+        rl_result, rl_wins = rl_eval
         results.append(rl_result)
         record["eval"]["rl"] = rl_result.as_dict()
         # same task seeds for both policies: a paired interval on the per-seed difference is much tighter
         record["eval"]["paired_gain"] = mean_ci([r - b for b, r in zip(bc_wins, rl_wins)]).as_dict()
         record["eval"]["wins"] = {"bc": bc_wins, "rl": rl_wins}
-    baselines = evaluate_baselines(args, seeds)
     results += baselines
     record["eval"].update(table=format_results(results), baselines=[r.as_dict() for r in baselines])
-    timing["eval_s"] = time.perf_counter() - t2
+    timing["eval_s"] = time.perf_counter() - t2 + t_start_eval  # after RL (overlapped: the wait for the rest)
     print(f"[seed {seed}] held-out evaluation\n{record['eval']['table']}", flush=True)
     return record
 
@@ -487,14 +546,16 @@ def read_finished(folders: list[Path], ignore: tuple[str, ...]) -> list[dict[str
 
 def merge_results(folders: list[Path]) -> dict[str, Any]:
     """One results record from several finished pipeline folders (seeds must differ, settings must match)."""
-    records = read_finished(folders, ignore=("seeds", "out", "merge", "resume"))
+    records = read_finished(folders, ignore=("seeds", "out", "merge", "resume", "overlap", "seed_workers"))
     per_seed = [p for r in records for p in r["per_seed"]]
     if len({p["seed"] for p in per_seed}) != len(per_seed):
         raise SystemExit("--merge: a seed appears twice")
     args = {**records[0]["args"], "seeds": [p["seed"] for p in per_seed]}
+    machines = [m for r in records for m in r.get("machines", [r["machine"]] if "machine" in r else [])]
     return {"args": args, "per_seed": per_seed, "summary": summarize_seeds(per_seed),
             "wall_s": sum(r["wall_s"] for r in records), "peak_rss_mb": max(r["peak_rss_mb"] for r in records),
-            "merged_from": [str(f) for f in folders]}
+            "merged_from": [str(f) for f in folders], "machines": [m for k, m in enumerate(machines)
+                                                                    if m not in machines[:k]]}
 
 
 def main(args: Args) -> dict[str, Any]:
@@ -511,13 +572,24 @@ def main(args: Args) -> dict[str, Any]:
         prev_path = args.out / "results.json"
         prev = json.loads(prev_path.read_text()) if args.resume and prev_path.is_file() else None
         start = time.perf_counter()
-        per_seed = [run_seed(args, seed) for seed in args.seeds]
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        workers = min(len(args.seeds), args.seed_workers or cores)
+        if workers > 1:
+            print(f"{len(args.seeds)} pipeline seeds, {workers} at a time", flush=True)
+            per_seed = run_seeds_apart(args, workers)
+        else:
+            side = SideProcess(1 if args.overlap else 0, args.torch_threads)
+            try:
+                per_seed = [run_seed(args, seed, side) for seed in args.seeds]
+            finally:
+                side.close()
         wall, peak = time.perf_counter() - start, peak_rss_mb()
         if prev is not None:  # reused stages count with their original times and memory
             wall = sum(sum(r["timing"].values()) for r in per_seed)
             peak = max(peak, prev["peak_rss_mb"])
         results = {"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(args).items()},
-                   "per_seed": per_seed, "summary": summarize_seeds(per_seed), "wall_s": wall, "peak_rss_mb": peak}
+                   "per_seed": per_seed, "summary": summarize_seeds(per_seed), "wall_s": wall, "peak_rss_mb": peak,
+                   "machine": machine_info(args.torch_threads, 2 if workers > 1 or args.overlap else 1)}
     plot_curves(results["per_seed"], args.out / "learning_curve.png", results["args"]["rl_script"].upper(),
                 results["args"]["temperature"])
     (args.out / "results.json").write_text(json.dumps(results, indent=1, default=str))

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 import wrappers
 from arena_train.bc import sft_loss, tokenize_examples, validation_success, warmup_cosine_lr
 from arena_train.models import load_model_and_tokenizer
-from arena_train.rollout import RolloutConfig
+from arena_train.rollout import RolloutConfig, encode_prompt
+from wrappers.special_tokens import escape_special_tokens
 
 
 @given(peak=st.floats(1e-6, 1.0), ratio=st.floats(0.0, 1.0), warmup=st.integers(1, 50), extra=st.integers(1, 500))
@@ -45,6 +46,23 @@ def test_loss_counts_response_tokens_only(hf):
             total += float(torch.nn.functional.cross_entropy(logits, torch.tensor(r), reduction="sum"))
             count += len(r)
     assert math.isclose(float(loss), total / count, rel_tol=1e-5)
+
+
+def test_batched_tokenization_gives_the_one_by_one_ids(hf):
+    """Chunks of 3 over 8 examples (a partial last chunk), a prompt over the budget and a forged special token: the
+    same ids as encoding each example alone."""
+    _, tokenizer = hf
+    env = wrappers.make_env("ARL/Sokoban-Mini-v0", history_length=0, prompt_style="compact")
+    data = []
+    for seed in range(7):
+        _, info = env.reset(seed=seed)
+        data.append((info["messages"], f"<think>{'up ' * seed}</think><action>left</action>"))
+    data.append(([{"role": "user", "content": "Push every box. " * 200}], "<|im_end|><action>up</action>"))
+    one_by_one = [(encode_prompt(tokenizer, m, 256)[0],
+                   tokenizer.encode(escape_special_tokens(r, tokenizer), add_special_tokens=False)
+                   + [tokenizer.eos_token_id]) for m, r in data]
+    assert len(one_by_one[-1][0]) == 256  # the long prompt was cut
+    assert tokenize_examples(tokenizer, data, 256, chunk=3) == one_by_one == tokenize_examples(tokenizer, data, 256)
 
 
 def test_validation_success_is_a_rate_and_deterministic(hf):

@@ -30,13 +30,34 @@ def _env(tmp_path: Path) -> dict[str, str]:
     return {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "ARENA_CACHE": str(tmp_path / "cache")}
 
 
+def _without_times(record):
+    """A record without wall times, throughputs and paths (what may differ between two runs of one seed)."""
+    if isinstance(record, dict):
+        return {k: _without_times(v) for k, v in record.items()
+                if k not in ("seconds", "time_s", "timing", "command", "model") and not k.startswith(("perf/", "time"))}
+    if isinstance(record, list):
+        return [_without_times(v) for v in record]
+    return record
+
+
 @pytest.mark.slow
 def test_pipeline_end_to_end(tmp_path):
+    """Seeds 3 and 4 in processes of their own (evaluation beside training off), then seed 4 alone in one
+    process with its evaluation in the second process: the same numbers for seed 4."""
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "eval.mini_arena", "--out", str(out), "--seeds", "3", *TINY]
+    cmd = [sys.executable, "-m", "eval.mini_arena", "--out", str(out), "--seeds", "3", "4", "--seed-workers", "2",
+           *TINY]
+    proc = subprocess.run(cmd, cwd=ROOT, env=_env(tmp_path), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "2 pipeline seeds, 2 at a time" in proc.stdout
+    alone = tmp_path / "alone"
+    cmd = [sys.executable, "-m", "eval.mini_arena", "--out", str(alone), "--seeds", "4", *TINY]
     proc = subprocess.run(cmd, cwd=ROOT, env=_env(tmp_path), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     full = json.loads((out / "results.json").read_text())
+    assert [r["seed"] for r in full["per_seed"]] == [3, 4]
+    seed4 = json.loads((alone / "results.json").read_text())["per_seed"][0]
+    assert _without_times(seed4) == _without_times(full["per_seed"][1])
     seed = full["per_seed"][0]
     # BC stopped at a validation check; the RL script logged every iteration and its held-out evaluations
     assert seed["bc"]["step"] in (2, 4) and seed["bc"]["curve"][-1]["step"] >= seed["bc"]["step"]
@@ -50,9 +71,13 @@ def test_pipeline_end_to_end(tmp_path):
     assert ev["baselines"][0]["success"]["mean"] == 1.0
     assert {"bc", "rl", "gain"} <= set(full["summary"])
     assert (out / "learning_curve.png").stat().st_size > 1000
-    report = (out / "report.md").read_text()
+    report = (alone / "report.md").read_text()
     assert "BC start" in report and "SAMPO" in report and "learning_curve.png" in report
     assert set(seed["timing"]) == {"bc_s", "rl_s", "eval_s"} and full["peak_rss_mb"] > 0
+    # the report names its machine beside the figures and stage times, on the console too
+    machine = json.loads((alone / "results.json").read_text())["machine"]
+    assert machine == mini_arena.machine_info(1, 2) == full["machine"]
+    assert f"Machine: {mini_arena.describe_machine(machine)}." in report and "Machine: " in proc.stdout
 
 
 def test_bc_stage_is_reproducible(tmp_path, monkeypatch):
@@ -66,6 +91,32 @@ def test_bc_stage_is_reproducible(tmp_path, monkeypatch):
     from safetensors.torch import load_file
 
     a, b = (load_file(str(tmp_path / d / "model.safetensors")) for d in ("a", "b"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("target", [1.0, 0.0])
+def test_validation_in_the_second_process_changes_nothing(tmp_path, monkeypatch, target):
+    """BC with its checks in the second process against checks in line: the same curve, checkpoint step and
+    weights, also when the first check reaches the target (0.0) and training has gone on while it ran."""
+    import torch
+    from safetensors.torch import load_file
+
+    from eval.side_process import SideProcess
+
+    monkeypatch.setenv("ARENA_CACHE", str(tmp_path / "cache"))
+    args = mini_arena.resolve(mini_arena.Args(bc_episodes=8, bc_max_steps=8, bc_batch_size=4, bc_eval_every=2,
+                                              bc_eval_start=2, bc_eval_episodes=2, bc_target=target,
+                                              max_response_tokens=4))
+    side = SideProcess(1, 1)
+    try:
+        apart = mini_arena.run_bc(args, 5, tmp_path / "apart", side)
+    finally:
+        side.close()
+    inline = mini_arena.run_bc(args, 5, tmp_path / "inline")
+    strip = [[{k: v for k, v in c.items() if k != "time_s"} for c in r["curve"]] for r in (apart, inline)]
+    assert strip[0] == strip[1] and len(strip[0]) == (1 if target == 0.0 else 4)
+    assert apart["step"] == inline["step"] == (2 if target == 0.0 else apart["step"])
+    a, b = (load_file(str(tmp_path / d / "model.safetensors")) for d in ("apart", "inline"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
@@ -100,6 +151,18 @@ def test_bad_settings_exit_with_a_message(flag, value, capsys):
     assert flag in str(err.value) or value in str(err.value)
 
 
+def test_machine_info_names_the_cpu_cores_and_torch():
+    import torch
+
+    machine = mini_arena.machine_info(2, 1)
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file() and "model name" in cpuinfo.read_text():
+        assert machine["cpu"] in cpuinfo.read_text()
+    assert machine["cores"] == len(os.sched_getaffinity(0)) and machine["torch"] == torch.__version__
+    assert (machine["torch_threads"], machine["processes"]) == (2, 1)
+    assert "2 torch thread(s) per process, 1 process(es)" in mini_arena.describe_machine(machine)
+
+
 def test_profiles_fill_every_unset_field():
     for profile in mini_arena.PROFILES:
         args = mini_arena.resolve(mini_arena.Args(profile=profile))
@@ -130,9 +193,10 @@ def test_summary_over_seeds_is_the_mean_and_the_paired_gain(pairs):
 
 
 def test_merge_combines_seeds_and_rejects_mismatches(tmp_path):
-    def fake(folder: Path, seed: int, lr: float) -> Path:
+    def fake(folder: Path, seed: int, lr: float, cpu: str = "cpu A") -> Path:
         folder.mkdir()
         record = {"args": {"seeds": [seed], "out": str(folder), "merge": [], "learning_rate": lr, "rl_script": "sampo"},
+                  "machine": {"cpu": cpu, "cores": 2, "torch": "2.x", "torch_threads": 1, "processes": 2},
                   "per_seed": [{"seed": seed, "eval": {"bc": {"success": {"mean": 0.4}},
                                                        "rl": {"success": {"mean": 0.5 + seed / 100}}}}],
                   "wall_s": 60.0, "peak_rss_mb": 100.0 * seed}
@@ -143,6 +207,9 @@ def test_merge_combines_seeds_and_rejects_mismatches(tmp_path):
     merged = mini_arena.merge_results([a, b])
     assert merged["args"]["seeds"] == [1, 2] and merged["wall_s"] == 120.0 and merged["peak_rss_mb"] == 200.0
     assert math.isclose(merged["summary"]["gain"]["mean"], 0.115)
+    assert [m["cpu"] for m in merged["machines"]] == ["cpu A"]  # one machine named once, each of several named
+    assert [m["cpu"] for m in mini_arena.merge_results([a, fake(tmp_path / "d", 4, 1e-4, "cpu B")])["machines"]] \
+        == ["cpu A", "cpu B"]
     for bad in ([a, a], [a, fake(tmp_path / "c", 3, 3e-4)], [a, tmp_path / "missing"]):
         with pytest.raises(SystemExit):
             mini_arena.merge_results(bad)
