@@ -17,6 +17,7 @@ Differs from grpo.py only inside ``# ALGO LOGIC`` blocks: ``diff algos/grpo.py a
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import time
@@ -44,7 +45,7 @@ from arena_train.cli import parse_args
 from arena_train.dist import param_sync_error
 from arena_train.logger import MetricsLogger, env_metrics, iteration_metrics
 from arena_train.memory import print_run_plan
-from arena_train.mixture import EnvRatios, Mixture, MixtureRollout, check_resume
+from arena_train.mixture import EnvRatios, FailureStreak, Mixture, MixtureRollout, check_resume
 from arena_train.models import BC_CHECKPOINT, load_policy_and_reference, resolve_policy_path
 from arena_train.monitor import CollapseConfig, CollapseMonitor, checkpoints_to_keep, restore_healthy
 from arena_train.rollout import VAL_TEMPERATURE, VAL_TOP_K, VAL_TOP_P, RolloutConfig, Row
@@ -236,6 +237,13 @@ class Args:
     p_train/p_rollout, truncated at the cap (tis) or 0 above it (mis); none: no weights"""
     rollout_is_cap: float = 2.0
     """cap (>= 1) of the rollout importance weights"""
+    env_workers: int = -1
+    """env worker processes per env (0 = step the envs in the trainer's process; -1 = auto: one per core, up to one
+    per episode, for the native engines ALFWorld and TextWorld, 0 for the pure-Python envs); same rows either way"""
+    env_step_timeout: float = 300.0
+    """seconds an env step or reset may take in a worker before its episode fails (workers only)"""
+    max_env_failures: int = 5
+    """stop the run after this many consecutive iterations whose env errors dropped a group (0 = never)"""
     # ALGO LOGIC: algorithm hyper-parameters
     clip_ratio_low: float = 1.0
     """IS-weight clip below 1 (1.0 = no lower bound, as in ARLArena)"""
@@ -430,17 +438,19 @@ def main(args: Args) -> None:
         monitor.checkpointed(0)  # healthy checkpoint, for a collapse in the first iterations
         save_checkpoint(accelerator, run_dir, 0, keep)
 
-    def make_env(env_id: str, split: str):
-        return wrappers.make_env(env_id, history_length=args.history_length, format_penalty=args.format_penalty,
-                                 prompt_style=args.prompt_style, split=split)
+    # a partial of wrappers.make_env pickles: env worker processes (--env-workers) build their envs with it
+    make_env = functools.partial(wrappers.make_env, history_length=args.history_length,
+                                 format_penalty=args.format_penalty, prompt_style=args.prompt_style)
 
     # every env's groups and held-out episodes (the held-out split: rollout and eval tasks must not meet)
     rollouts = MixtureRollout(mixture, make_env, args.num_groups // world, args.group_size,
-                              max(args.eval_episodes // world, 1), args.eval_split)
+                              max(args.eval_episodes // world, 1), args.eval_split,
+                              env_workers=args.env_workers, step_timeout=args.env_step_timeout)
     sampling = RolloutConfig(max_turns=args.max_turns, max_prompt_tokens=args.max_prompt_tokens,
                              max_response_tokens=args.max_response_tokens, temperature=args.temperature,
                              top_p=args.top_p, row_layout=args.row_layout)
     rollouts.require_prompts_fit(tokenizer, sampling, seed=args.seed)
+    env_failures, env_failure = FailureStreak(args.max_env_failures, rollouts), None
     evaluation = replace(sampling, temperature=args.eval_temperature, top_p=args.eval_top_p, top_k=args.eval_top_k)
     pad_id = tokenizer.pad_token_id
     # Dr.GRPO's constant length: the most policy tokens a row can hold
@@ -580,6 +590,9 @@ def main(args: Args) -> None:
             accelerator.print(step.message)
         if logger is not None:
             logger.log(iteration, metrics_out)
+        env_failure = env_failures.update(metrics_out)
+        if env_failure is not None:  # the env keeps failing: stop on the last checkpoint
+            break
         if step.decision.action in ("stop", "rollback"):  # back to the last healthy checkpoint, saved as this one
             restored = restore_healthy(accelerator, run_dir, monitor, step.decision, iteration, optimizer, keep)
             if step.decision.action == "stop" or restored is None:
@@ -589,6 +602,11 @@ def main(args: Args) -> None:
         if (args.checkpoint_every > 0 and iteration % args.checkpoint_every == 0) or iteration == args.num_iterations:
             monitor.checkpointed(iteration)
             save_checkpoint(accelerator, run_dir, iteration, keep)
+
+    rollouts.close()  # the env workers end here (and with the process on any other way out)
+    if env_failure is not None:
+        backend.close()
+        raise SystemExit(env_failure if accelerator.is_main_process else 1)
 
     # ---- final model (a normal HF folder) and a cross-rank consistency check -----------------
     sync_error = param_sync_error(accelerator, policy)

@@ -16,7 +16,7 @@ import gymnasium as gym
 from arena_envs.base import CHARSET, INFO_KEYS, EnvStateError, TextEnv, text_space
 
 __all__ = ["CHARSET", "INFO_KEYS", "TextEnv", "text_space", "ENV_IDS", "ENGINE_EXTRAS", "EnvStateError",
-           "missing_extra", "env_recipe", "held_out_split"]
+           "missing_extra", "env_recipe", "held_out_split", "auto_env_workers"]
 
 # id -> (entry point, max_episode_steps, kwargs)
 _SPECS: dict[str, tuple[str, int, dict]] = {
@@ -82,6 +82,19 @@ def env_recipe(env_id: str) -> dict[str, int]:
     if spec.max_episode_steps is not None:
         recipe["max_turns"] = int(spec.max_episode_steps)
     return recipe
+
+
+def auto_env_workers(env_id: str, episodes: int) -> int:
+    """``--env-workers -1`` (auto): for an env on a native engine (ALFWorld, TextWorld: tens of ms per step,
+    docs/benchmarks.md), one worker process per core up to one per episode; 0 (in the trainer's process) for the
+    pure-Python envs, whose steps cost less than a round trip to a worker."""
+    import os
+
+    entry = _SPECS.get(env_id, ("",))[0].split(":")[0]
+    if entry not in ENGINE_EXTRAS:
+        return 0
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(cores, episodes))
 
 
 def held_out_split(env_id: str) -> str:

@@ -3,7 +3,9 @@
 
 ``HFBackend`` generates with the trained model itself (transformers ``generate`` with KV cache), so a push is a
 no-op; ``VLLMBackend`` runs a vLLM engine in the trainer's process and receives the weights after every update.
-Both stop at the tokenizer's end token only and keep it in the response.
+Both stop at the tokenizer's end token only and keep it in the response, and after every ``generate`` /
+``generate_scored`` call hold why each response stopped in ``last_stop_reasons`` (``eos``: the end token;
+``max_response_tokens``: the token limit cut it).
 
 Every backend's ``generate_scored`` also returns the log-prob of each sampled token under the distribution that
 drew it (the behaviour policy). ``score_rollouts`` says whether those equal the trainer's own scoring to float
@@ -68,6 +70,7 @@ class HFBackend:
                  score_rollouts: bool = False):
         self.model, self.tokenizer, self.batch_size, self.top_k = model, tokenizer, batch_size, top_k
         self.share_prompts, self.score_rollouts = share_prompts, score_rollouts
+        self.last_stop_reasons: list[str] = []  # per response of the last call: "eos" or "max_response_tokens"
 
     def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float,
                  greedy: bool, top_k: int | None = None) -> list[list[int]]:
@@ -93,6 +96,7 @@ class HFBackend:
         outputs: list[list[int]] = []
         logps: list[list[float]] = []
         entropies: list[list[float]] = []
+        reasons: list[str] = []
         for i in range(0, len(prompts), self.batch_size):
             chunk = prompts[i:i + self.batch_size]
             L = max(len(p) for p in chunk)
@@ -105,12 +109,15 @@ class HFBackend:
             gen, logp, entropy = self._decode(ids, attn, cache, max_new_tokens, greedy, warpers, tok.eos_token_id,
                                               pad_id, temperature if scored else None)
             for b, seq in enumerate(gen.tolist()):
-                n = seq.index(tok.eos_token_id) + 1 if tok.eos_token_id in seq else len(seq)
+                ended = tok.eos_token_id in seq
+                n = seq.index(tok.eos_token_id) + 1 if ended else len(seq)
                 outputs.append(seq[:n])
+                reasons.append("eos" if ended else "max_response_tokens")
                 if scored:
                     logps.append(logp[b, :n].tolist())
                     entropies.append(entropy[b, :n].tolist())
         self.model.train(was_training)
+        self.last_stop_reasons = reasons
         return outputs, logps, entropies
 
     def _decode(self, ids: torch.Tensor, attn: torch.Tensor, cache, max_new_tokens: int, greedy: bool,
@@ -221,6 +228,7 @@ class VLLMBackend:
         from vllm import LLM
 
         self.tokenizer, self.on_gpu = tokenizer, torch.cuda.is_available()
+        self.last_stop_reasons: list[str] = []  # per response of the last call: "eos" or "max_response_tokens"
         kwargs: dict[str, Any] = dict(model=model_path, seed=seed, enable_prefix_caching=True,
                                       max_model_len=max_model_len, logprobs_mode="processed_logprobs")
         if external_launcher:
@@ -254,6 +262,7 @@ class VLLMBackend:
                                 stop_token_ids=[self.tokenizer.eos_token_id],
                                 ignore_eos=True)
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+        self.last_stop_reasons = [_vllm_stop_reason(o) for o in outs]
         return [list(o.outputs[0].token_ids) for o in outs]
 
     def generate_scored(self, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float,
@@ -268,6 +277,7 @@ class VLLMBackend:
                                 top_k=top_k or -1, stop_token_ids=[self.tokenizer.eos_token_id], ignore_eos=True,
                                 logprobs=0)  # 0: the sampled token's log-prob only
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+        self.last_stop_reasons = [_vllm_stop_reason(o) for o in outs]
         tokens = [list(o.outputs[0].token_ids) for o in outs]
         logps = [[step[t].logprob for t, step in zip(ids, o.outputs[0].logprobs)] for ids, o in zip(tokens, outs)]
         return tokens, logps, [[0.0] * len(ids) for ids in tokens]
@@ -319,6 +329,11 @@ class VLLMBackend:
         if self.llm is not None:
             self.llm.llm_engine.engine_core.shutdown()
             self.llm = None
+
+
+def _vllm_stop_reason(output) -> str:
+    """vLLM's ``finish_reason`` as a stop reason: 'length' is the token limit, 'stop' the end token."""
+    return "max_response_tokens" if output.outputs[0].finish_reason == "length" else "eos"
 
 
 def _max_over_processes(value: float) -> float:

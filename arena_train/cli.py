@@ -36,8 +36,10 @@ RANGES: dict[str, tuple[float | None, float | None, bool]] = {
                      "num_episodes", "num_steps", "batch_size", "max_num_gen_batches"), (1, None, True)),
     # torch_threads 0 = default_threads(); micro_batch_tokens 0 = no token cap
     **dict.fromkeys(("history_length", "checkpoint_every", "eval_every", "weight_decay", "kl_coef",
-                     "format_penalty", "warmup_steps", "torch_threads", "micro_batch_tokens"), (0, None, True)),
-    **dict.fromkeys(("learning_rate", "temperature", "max_grad_norm"), (0, None, False)),
+                     "format_penalty", "warmup_steps", "torch_threads", "micro_batch_tokens", "max_env_failures"),
+                    (0, None, True)),
+    **dict.fromkeys(("learning_rate", "temperature", "max_grad_norm", "env_step_timeout"), (0, None, False)),
+    "env_workers": (-1, None, True),  # -1 = auto
     **dict.fromkeys(("top_p", "vllm_gpu_memory_utilization"), (0, 1, False)),
     "random_action_prob": (0, 1, True),
 }

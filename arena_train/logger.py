@@ -101,6 +101,7 @@ def iteration_metrics(accelerator, *, episodes: list, rows: list, stats: dict[st
         "rollout/truncated_prompts": global_sum(accelerator, stats["truncated_prompts"]),
         "rollout/advantage_abs": global_mean(accelerator, [float(np.mean(np.abs(r.advantage))) for r in rows]),
     }
+    out.update(stop_metrics(accelerator, stats))
     for key, values in actor_sums.items():
         out[f"actor/{key}"] = (global_sum(accelerator, sum(values)) if key in count_keys
                                else global_mean(accelerator, values))
@@ -114,6 +115,34 @@ def iteration_metrics(accelerator, *, episodes: list, rows: list, stats: dict[st
         "perf/time_update_s": t_update,
         "perf/time_score_s": stats["time_score"],
     })
+    return out
+
+
+#: Failure-policy counts of a rollout (``arena_train.rollout.collect_rows``), logged as ``rollout/<key>``.
+FAILURE_COUNTS = ("env_errors", "retried_groups", "dropped_groups")
+
+
+def stop_metrics(accelerator, stats: dict[str, float]) -> dict[str, float]:
+    """``stop/<reason>`` (fraction of turns), ``stop/episode/<reason>`` (fraction of episodes) and the failure
+    counts ``rollout/env_errors``, ``rollout/retried_groups``, ``rollout/dropped_groups`` from the counts
+    ``collect_rows`` adds to ``stats``, pooled over the processes in one reduction (nan without turns)."""
+    import torch
+
+    from arena_train.rows import EPISODE_STOPS, TURN_STOPS
+
+    keys = ([f"stop/{r}" for r in TURN_STOPS] + [f"stop/episode/{r}" for r in EPISODE_STOPS]
+            + list(FAILURE_COUNTS))
+    t = torch.tensor([float(stats.get(k, 0.0)) for k in keys], dtype=torch.float64, device=accelerator.device)
+    totals = dict(zip(keys, accelerator.reduce(t, reduction="sum").tolist()))
+    turns = sum(totals[f"stop/{r}"] for r in TURN_STOPS)
+    episodes = sum(totals[f"stop/episode/{r}"] for r in EPISODE_STOPS)
+    out = {}
+    for r in TURN_STOPS:
+        out[f"stop/{r}"] = totals[f"stop/{r}"] / turns if turns else float("nan")
+    for r in EPISODE_STOPS:
+        out[f"stop/episode/{r}"] = totals[f"stop/episode/{r}"] / episodes if episodes else float("nan")
+    for k in FAILURE_COUNTS:
+        out[f"rollout/{k}"] = totals[k]
     return out
 
 

@@ -23,6 +23,7 @@ rollouts of every env and collects an iteration's rows and its held-out evaluati
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -34,13 +35,14 @@ from typing import Any
 
 import numpy as np
 
+from arena_envs.pool import EnvError, EnvPool, LocalEnvs
 from arena_train.rollout import (
     RolloutConfig,
     Row,
     collect_rows,
     eval_split_of,
     held_out_seeds,
-    require_prompt_fits,
+    require_messages_fit,
     task_seeds,
 )
 from wrappers.groups import EpisodeStats, GroupRollout
@@ -229,39 +231,63 @@ def _tagged(cls, record, **values):
 class MixtureRollout:
     """This process's group rollouts of every env of ``mixture``: ``num_groups`` (this process's groups per
     iteration) x ``group_size`` training episodes at most per env, and ``eval_episodes`` (this process's share)
-    held-out episodes per env. ``make_env(env_id, split)`` builds one wrapped env.
+    held-out episodes per env. ``make_env(env_id, split=...)`` builds one wrapped env.
+
+    ``env_workers`` (``--env-workers``): 0 runs the envs in this process; N >= 1 in N worker processes per env and
+    split (``arena_envs.pool.EnvPool``; ``make_env`` must then pickle, e.g. a ``functools.partial`` of
+    ``wrappers.make_env``); -1 = auto (``arena_envs.auto_env_workers``: workers for the native engines).
+    ``step_timeout`` (``--env-step-timeout``, workers only): seconds a step may take before its episode fails.
 
     The training envs of an env are made when an iteration first draws that many of its groups (for one id:
-    all of them here, as ``GroupRollout`` did) and reused afterwards."""
+    all of them here, as ``GroupRollout`` did) and reused afterwards. ``close`` ends the workers (they also end
+    with the process)."""
 
-    def __init__(self, mixture: Mixture, make_env: Callable[[str, str], Any], num_groups: int, group_size: int,
-                 eval_episodes: int, eval_split: str | None = None):
+    def __init__(self, mixture: Mixture, make_env: Callable[..., Any], num_groups: int, group_size: int,
+                 eval_episodes: int, eval_split: str | None = None, env_workers: int = 0,
+                 step_timeout: float | None = None):
         self.mixture, self.make_env = mixture, make_env
         self.num_groups, self.group_size = num_groups, group_size
-        self._pools: list[list[Any]] = [[] for _ in mixture.env_ids]
         self._rollouts: dict[tuple[int, int], GroupRollout] = {}
         splits = [eval_split_of(e, eval_split) for e in mixture.env_ids]  # never 'train'
+        self._runners = [self._runner(e, "train", num_groups * group_size, env_workers, step_timeout)
+                         for e in mixture.env_ids]
         if len(mixture.env_ids) == 1:
             self.rollout(0, num_groups)
-        self.eval_rollouts = [GroupRollout(lambda e=e, s=s: make_env(e, s), eval_episodes, 1)
-                              for e, s in zip(mixture.env_ids, splits)]
+        self.eval_rollouts = [GroupRollout(self._runner(e, s, eval_episodes, env_workers, step_timeout),
+                                           eval_episodes, 1, env_id=e) for e, s in zip(mixture.env_ids, splits)]
+
+    def _runner(self, env_id: str, split: str, slots: int, workers: int, timeout: float | None):
+        from arena_envs import auto_env_workers
+
+        env_fn = functools.partial(self.make_env, env_id, split=split)
+        workers = auto_env_workers(env_id, slots) if workers < 0 else workers
+        return EnvPool(env_fn, slots, workers=workers, timeout=timeout) if workers > 0 else LocalEnvs(env_fn)
 
     def rollout(self, index: int, num_groups: int) -> GroupRollout:
         """A ``GroupRollout`` of ``num_groups`` groups of env ``index`` (made envs are reused)."""
         key = (index, num_groups)
         if key not in self._rollouts:
-            pool, env_id = self._pools[index], self.mixture.env_ids[index]
-            while len(pool) < num_groups * self.group_size:
-                pool.append(self.make_env(env_id, "train"))
-            envs = iter(pool)
-            self._rollouts[key] = GroupRollout(lambda: next(envs), num_groups, self.group_size)
+            self._rollouts[key] = GroupRollout(self._runners[index], num_groups, self.group_size,
+                                               env_id=self.mixture.env_ids[index])
         return self._rollouts[key]
 
     def require_prompts_fit(self, tokenizer, config: RolloutConfig, seed: int) -> None:
-        """``rollout.require_prompt_fits`` for every env with its own prompt budget."""
-        for k in range(len(self.mixture.env_ids)):
-            env = self.rollout(k, 1).envs[0] if not self._pools[k] else self._pools[k][0]
-            require_prompt_fits(tokenizer, env, self.mixture.rollout_config(k, config).max_prompt_tokens, seed=seed)
+        """``rollout.require_prompt_fits`` for every env with its own prompt budget (on its first env)."""
+        for k, env_id in enumerate(self.mixture.env_ids):
+            runner = self._runners[k]
+            runner.ensure(1)
+            result = runner.reset_many({0: {"seed": seed}})[0]
+            if isinstance(result, EnvError):
+                raise SystemExit(f"error: {env_id} failed to reset: {result.error}\n{result.traceback}")
+            require_messages_fit(tokenizer, result[1].get("messages"), env_id,
+                                 self.mixture.rollout_config(k, config).max_prompt_tokens)
+
+    def last_error(self) -> tuple[str, EnvError] | None:
+        """The env id and error of the latest env failure of the training rollouts, or None."""
+        for rollout in self._rollouts.values():
+            if rollout.last_error is not None:
+                return rollout.env_id, rollout.last_error
+        return None
 
     def collect(self, backend, tokenizer, tasks: list[tuple[int, int]], config: RolloutConfig,
                 stats: dict[str, float], greedy: bool = False, id_offset: int = 0
@@ -289,20 +315,32 @@ class MixtureRollout:
     def evaluate(self, accelerator, backend, tokenizer, config: RolloutConfig, eval_episodes: int, rank: int,
                  world: int, greedy: bool = False) -> dict[str, float]:
         """Held-out evaluation of every env on its ``held_out_seeds``: ``eval/success_rate`` over all envs' episodes
-        (every env plays as many) and, for two envs or more, ``eval/<name>/success_rate``; pooled over processes."""
+        (every env plays as many) and, for two envs or more, ``eval/<name>/success_rate``; pooled over processes.
+        An episode that fails on an env error is replayed once, then left out of the success rates
+        (``eval/failed_episodes`` counts those); ``eval/stop/...`` are the stop-reason fractions."""
         from arena_train.dist import global_mean
-        from arena_train.logger import pooled_means
+        from arena_train.logger import pooled_means, stop_metrics
 
         seeds = held_out_seeds(eval_episodes, rank, world)
         wins: dict[str, list[float]] = {}
+        stats: dict[str, float] = defaultdict(float)
         for k, name in enumerate(self.mixture.names):
             _, held_out = collect_rows(backend, tokenizer, self.eval_rollouts[k], seeds,
-                                       self.mixture.rollout_config(k, config), defaultdict(float), greedy=greedy)
+                                       self.mixture.rollout_config(k, config), stats, greedy=greedy)
             wins[f"eval/{name}/success_rate"] = [float(e.won) for e in held_out]
         out = {"eval/success_rate": global_mean(accelerator, [w for ws in wins.values() for w in ws])}
         if len(wins) > 1:
             out.update(pooled_means(accelerator, wins))
+        for key, value in stop_metrics(accelerator, stats).items():  # a held-out group is one episode
+            out[f"eval/{key}" if key.startswith("stop/") else key.replace("rollout/", "eval/")] = value
+        out["eval/failed_episodes"] = out.pop("eval/dropped_groups")
+        out.pop("eval/retried_groups")
         return out
+
+    def close(self) -> None:
+        """Close every env and end the workers."""
+        for runner in [*self._runners, *(r.runner for r in self.eval_rollouts)]:
+            runner.close()
 
 
 class EnvRatios:
@@ -337,3 +375,21 @@ class EnvRatios:
             out[f"env/{name}/ratio_out_frac"] = outside / tokens if tokens else math.nan
             out[f"env/{name}/approx_kl"] = neg_log_ratio / tokens if tokens else math.nan
         return out
+
+
+class FailureStreak:
+    """``--max-env-failures``: the consecutive iterations whose env errors dropped a group (``rollout/dropped_groups``
+    > 0, pooled: the same count on every process). At ``limit`` (0 = never) ``update`` returns the one-line reason
+    to stop, naming the env and its last error; the run then ends on its last checkpoint."""
+
+    def __init__(self, limit: int, rollouts: MixtureRollout):
+        self.limit, self.rollouts, self.count = int(limit), rollouts, 0
+
+    def update(self, metrics: dict[str, float]) -> str | None:
+        self.count = self.count + 1 if metrics.get("rollout/dropped_groups", 0.0) > 0 else 0
+        if not self.limit or self.count < self.limit:
+            return None
+        last = self.rollouts.last_error()
+        where = f"; last: {last[0]}: {last[1].error}" if last is not None else ""
+        return (f"error: env errors dropped groups in {self.count} consecutive iterations (--max-env-failures "
+                f"{self.limit}){where}; the run stops on its last checkpoint: fix the env, then --resume")

@@ -330,7 +330,11 @@ class CollapseMonitor:
         value = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
         finite = {k: v for k, v in value.items() if math.isfinite(v)}
         found: list[Signal | None] = []
-        bad_keys = [k for k in NONFINITE_KEYS if k in value and k not in finite]
+        # an iteration whose every group was dropped on env errors has no rows: its rollout and update means are
+        # NaN for want of values, which says nothing of the policy (the env-failure limit watches that case)
+        empty = value.get("rollout/num_rows") == 0
+        bad_keys = [k for k in NONFINITE_KEYS if k in value and k not in finite
+                    and not (empty and math.isnan(value[k]) and k != EVAL_SUCCESS_KEY)]
         if self._streak("nonfinite", bool(bad_keys), iteration):
             found.append(Signal("nonfinite", value[bad_keys[0]], math.inf, f"non-finite {', '.join(bad_keys)}",
                                 self._onset("nonfinite")))

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 # re-exported: callers import every row record and prompt helper from this module
-from arena_train.rows import RolloutConfig, Row, cut_at_turn_end, encode_prompts
+from arena_train.rows import RolloutConfig, Row, cut_at_turn_end, encode_prompts, turn_stop_reasons
 from arena_train.rows import TurnSpan as TurnSpan
 from arena_train.rows import encode_prompt as encode_prompt
 from arena_train.trajectory import collect_trajectories
@@ -53,13 +53,18 @@ def require_prompt_fits(tokenizer, env, max_tokens: int, seed: int) -> None:
     """Exit before training when the first prompt of ``env`` (instructions, task and first observation, no
     history yet) exceeds ``max_tokens``: every prompt of the run would then lose part of its instructions."""
     _, info = env.reset(seed=seed)
-    messages = info.get("messages")
+    require_messages_fit(tokenizer, info.get("messages"), env.spec.id if env.spec else type(env).__name__,
+                         max_tokens)
+
+
+def require_messages_fit(tokenizer, messages: list[dict[str, str]] | None, env_id: str, max_tokens: int) -> None:
+    """``require_prompt_fits`` of an env's first ``messages`` (None: an env without chat messages passes)."""
     if messages is None:
         return
     n = len(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
                                           return_dict=True)["input_ids"])
     if n > max_tokens:
-        raise SystemExit(f"the first prompt of {env.spec.id if env.spec else type(env).__name__} (instructions, task, "
+        raise SystemExit(f"the first prompt of {env_id} (instructions, task, "
                          f"first observation) has {n} tokens, more than --max-prompt-tokens {max_tokens}: raise it "
                          f"to at least {n} plus room for history")
 
@@ -85,22 +90,65 @@ def collect_rows(backend, tokenizer, rollout, seeds: list[int], config: RolloutC
     Returns the rows and the per-episode ``wrappers.EpisodeStats``. Group and episode ids are shifted by
     ``id_offset`` (keeps ids unique over several calls of one iteration). Prompts over the budget drop their
     oldest history pairs first (``fit_prompts``). Adds to ``stats``: ``gen_tokens``, ``dropped_history`` (pairs
-    left out) and ``truncated_prompts`` (prompts cut in the middle even without history).
+    left out), ``truncated_prompts`` (prompts cut in the middle even without history) and the stop-reason counts
+    (``count_stops``).
     Sampled training rows carry the backend's own log-probs of their tokens and mean entropy (``rollout_logp``,
     ``rollout_entropy``: the behaviour policy's, from ``generate_scored``, which every arena_train backend has;
     a custom backend with ``generate`` only leaves them unset); greedy rollouts and held-out seeds (evaluation:
     never trained on) skip that work. ``config.row_layout == "trajectory"`` gives one row per
     episode instead (``arena_train.trajectory.collect_trajectories``).
+
+    The failure policy: a group with a failed episode (an env error: exception, crashed worker, timeout) never
+    reaches the update half played, which would put a zero-reward row in its baseline. Its rows and episodes are
+    left out, the group is replayed once on the same task seed with a fresh env (the failing env was replaced),
+    and a group that fails again is dropped. Adds ``env_errors`` (failed episodes), ``retried_groups`` and
+    ``dropped_groups``; the episodes returned are those of the groups kept.
     """
     if config.row_layout == "trajectory":
-        return collect_trajectories(backend, tokenizer, rollout, seeds, config, stats, greedy, id_offset)
-    if config.row_layout != "step":
+        play = collect_trajectories
+    elif config.row_layout == "step":
+        play = _collect_steps
+    else:
         raise ValueError(f"row_layout must be 'step' or 'trajectory', got {config.row_layout!r}")
-    rollout.reset(seeds)
+    rows, episodes = play(backend, tokenizer, rollout, seeds, config, stats, greedy, id_offset)
+    failed = rollout.failed_groups()
+    if not failed:
+        return rows, episodes
+    stats["env_errors"] += len(rollout.failures())
+    stats["retried_groups"] += len(failed)
+    retry_rows, retry_episodes = play(backend, tokenizer, rollout, seeds, config, stats, greedy, id_offset,
+                                      groups=failed)
+    dropped = set(rollout.failed_groups())
+    stats["env_errors"] += len(rollout.failures())
+    stats["dropped_groups"] += len(dropped)
+    retried = set(failed)
+    rows = ([r for r in rows if r.group - id_offset not in retried]
+            + [r for r in retry_rows if r.group - id_offset not in dropped])
+    episodes = ([e for e in episodes if e.group not in retried]
+                + [e for e in retry_episodes if e.group not in dropped])
+    return rows, sorted(episodes, key=lambda e: e.episode)
+
+
+def count_stops(stats: dict[str, float], turn_stops: list[str], episodes: list[Any]) -> None:
+    """Add one to ``stats["stop/<reason>"]`` per turn and to ``stats["stop/episode/<reason>"]`` per ended
+    episode (``rows.TURN_STOPS``, ``rows.EPISODE_STOPS``)."""
+    for reason in turn_stops:
+        stats[f"stop/{reason}"] += 1
+    for e in episodes:
+        stats[f"stop/episode/{e.stop}"] += 1
+
+
+def _collect_steps(backend, tokenizer, rollout, seeds: list[int], config: RolloutConfig, stats: dict[str, float],
+                   greedy: bool = False, id_offset: int = 0, groups: list[int] | None = None
+                   ) -> tuple[list[Row], list[Any]]:
+    """The "step" layout of ``collect_rows``: a row per turn, for the episodes of ``groups`` (default: all)."""
+    rollout.reset(seeds, groups)
     rows: list[Row] = []
+    played = set(rollout.active()) | set(rollout.failures())
     # the behaviour policy's log-probs, kept on rows that may be trained on
     scored = (not greedy and hasattr(backend, "generate_scored")
               and any(seed < EVAL_SEED_OFFSET for seed in seeds))
+    envs = rollout.envs
     for _ in range(config.max_turns):
         active = rollout.active()
         if not active:
@@ -109,21 +157,25 @@ def collect_rows(backend, tokenizer, rollout, seeds: list[int], config: RolloutC
                               config.max_prompt_tokens)
         prompts = [ids for ids, _, _ in encoded]
         if scored:
-            responses, logps, entropies = backend.generate_scored(prompts, config.max_response_tokens,
+            generated, logps, entropies = backend.generate_scored(prompts, config.max_response_tokens,
                                                                   config.temperature, config.top_p, config.top_k)
         else:
-            responses = backend.generate(prompts, config.max_response_tokens, config.temperature, config.top_p,
+            generated = backend.generate(prompts, config.max_response_tokens, config.temperature, config.top_p,
                                          greedy, config.top_k)
-            logps = entropies = [None] * len(responses)
-        responses = cut_at_turn_end(tokenizer, [rollout.envs[i] for i in active], responses)
+            logps = entropies = [None] * len(generated)
+        responses = cut_at_turn_end(tokenizer, [envs[i] for i in active], generated)
+        reasons = turn_stop_reasons(backend, generated, responses, [cut for _, _, cut in encoded],
+                                    config.max_response_tokens, tokenizer.eos_token_id)
         texts = tokenizer.batch_decode(responses, skip_special_tokens=True)
         turns = rollout.step(dict(zip(active, texts)), max_turns=config.max_turns)
-        by_episode = {i: (p, r, lp, h) for i, p, r, lp, h in zip(active, prompts, responses, logps, entropies)}
+        by_episode = {i: (p, r, lp, h, s) for i, p, r, lp, h, s in zip(active, prompts, responses, logps, entropies,
+                                                                        reasons)}
         for t in turns:
-            prompt_ids, response_ids, logp, entropy = by_episode[t.episode]
+            prompt_ids, response_ids, logp, entropy, reason = by_episode[t.episode]
             row = Row(group=t.group + id_offset, episode=t.episode + id_offset, turn=t.turn, prompt_ids=prompt_ids,
                       response_ids=response_ids, step_reward=t.env_reward, format_penalty=t.format_penalty,
-                      format_ok=t.format_ok, action_is_valid=t.action_is_valid, anchor=t.anchor, won=False)
+                      format_ok=t.format_ok, action_is_valid=t.action_is_valid, anchor=t.anchor, won=False,
+                      stop="env_error" if t.env_error else reason)
             if logp is not None:  # a cut response keeps the scores of its tokens
                 n = len(response_ids)
                 row.rollout_logp = np.asarray(logp[:n], dtype=np.float32)
@@ -132,9 +184,11 @@ def collect_rows(backend, tokenizer, rollout, seeds: list[int], config: RolloutC
         stats["gen_tokens"] += sum(len(r) for r in responses)
         stats["dropped_history"] += sum(dropped for _, dropped, _ in encoded)
         stats["truncated_prompts"] += sum(cut for _, _, cut in encoded)
-    episodes = rollout.episodes()
+    episodes = [e for e in rollout.episodes() if e.episode in played]
+    count_stops(stats, [r.stop for r in rows], episodes)
+    by_id = {e.episode: e for e in episodes}
     for row in rows:
-        ep = episodes[row.episode - id_offset]
+        ep = by_id[row.episode - id_offset]
         row.env_return, row.won = ep.env_return, ep.won
     return rows, episodes
 

@@ -48,6 +48,30 @@ class Row:
     extra: dict[str, Any] = field(default_factory=dict)  # room for method-specific data
     loss_mask: np.ndarray | None = None  # (len(response_ids),) 1 = policy token, 0 = env token; None = all 1
     turns: list[TurnSpan] = field(default_factory=list)  # trajectory rows: every turn's span (empty for step rows)
+    stop: str = "eos"  # why the response ended (TURN_STOPS; a trajectory row: its last turn's)
+
+
+#: Why a turn's response ended (docs/metrics.md "Stop reasons"): its end token, the env's turn end (the env read
+#: the turn as complete: the response is cut there), the token limit, a prompt cut even after dropping all
+#: history, or an env error in the step it fed.
+TURN_STOPS = ("eos", "turn_end", "max_response_tokens", "context_overflow", "env_error")
+#: Why an episode ended: won, another terminal state, the run's turn budget (--max-turns), the env's own step
+#: limit (truncated), or an env error (exception, crashed worker, timeout).
+EPISODE_STOPS = ("won", "terminated", "max_turns", "truncated", "env_error")
+
+
+def turn_stop_reasons(backend, generated: list[list[int]], kept: list[list[int]], prompt_cut: list[bool],
+                      max_new_tokens: int, eos_id: int | None) -> list[str]:
+    """Why each response of one generate call ended (``TURN_STOPS`` but ``env_error``, which the env step adds):
+    ``context_overflow`` when its prompt was cut beyond dropping history, ``turn_end`` when ``cut_at_turn_end``
+    shortened it (``kept``), else the backend's ``last_stop_reasons``; a backend that keeps none is read from the
+    ids: a response without its end token at the token limit was cut by it."""
+    reported = getattr(backend, "last_stop_reasons", None)
+    if reported is None or len(reported) != len(generated):
+        reported = ["max_response_tokens" if len(ids) >= max_new_tokens and (not ids or ids[-1] != eos_id)
+                    else "eos" for ids in generated]
+    return ["context_overflow" if cut else "turn_end" if len(k) < len(g) else reason
+            for g, k, cut, reason in zip(generated, kept, prompt_cut, reported)]
 
 
 @dataclass(frozen=True)

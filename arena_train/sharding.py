@@ -213,6 +213,10 @@ class GatheredHFBackend:
     def generate_scored(self, *args, **kwargs) -> tuple[list[list[int]], list[list[float]], list[list[float]]]:
         return self.hf.generate_scored(*args, **kwargs)
 
+    @property
+    def last_stop_reasons(self) -> list[str]:
+        return self.hf.last_stop_reasons
+
     @torch.no_grad()
     def push(self, model) -> dict[str, float]:
         start = time.perf_counter()

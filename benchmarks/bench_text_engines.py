@@ -127,7 +127,7 @@ def bench_overhead(name, make_pair, games: int, steps: int, reps: int) -> None:
 
 
 def bench_scaling(name, env_id, workers: list[int], episodes: int, max_steps: int, **kwargs) -> None:
-    from arena_envs.alfworld_env.pool import EnvPool
+    from arena_envs.pool import EnvPool
 
     base = None
     for n in workers:

@@ -25,11 +25,12 @@ is ARLArena's validation sampling (T=0.6, top-p 0.95, top-k 20); ``--decoding gr
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import sys
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal, Sequence
@@ -38,7 +39,7 @@ import gymnasium as gym
 import numpy as np
 import tyro
 
-from arena_envs import ENV_IDS, held_out_split
+from arena_envs import ENV_IDS, auto_env_workers, held_out_split
 from arena_train.mixture import env_id_problem
 from arena_train.models import model_path_problem
 from arena_train.rollout import EVAL_SEED_OFFSET, VAL_TEMPERATURE, VAL_TOP_K, VAL_TOP_P
@@ -74,10 +75,14 @@ def hf_policy(model, tokenizer, greedy: bool = True, temperature: float = 1.0, t
     backend = HFBackend(model, tokenizer, batch_size=batch_size, top_k=top_k)
 
     def policy(batch: list[Messages]) -> list[str]:
-        prompts = [ids for ids, _ in encode_prompts(tokenizer, batch, max_prompt_tokens)]
+        encoded = encode_prompts(tokenizer, batch, max_prompt_tokens)
+        prompts = [ids for ids, _ in encoded]
         responses = backend.generate(prompts, max_new_tokens, temperature, top_p, greedy)
+        policy.stop_counts.update("context_overflow" if cut else reason  # type: ignore[attr-defined]
+                                  for (_, cut), reason in zip(encoded, backend.last_stop_reasons))
         return tokenizer.batch_decode(responses, skip_special_tokens=True)
 
+    policy.stop_counts = Counter()  # type: ignore[attr-defined]  # why each response ended (rows.TURN_STOPS)
     return policy
 
 
@@ -114,6 +119,8 @@ class EvalResult:
     valid_action: Estimate | None = None  # per-episode fraction of valid actions
     pass_at_k: dict[int, float] = field(default_factory=dict)
     seconds: float = 0.0
+    failed_episodes: int = 0  # ended by an env error; left out of every metric above
+    stops: dict[str, float] = field(default_factory=dict)  # stop/<reason>, stop/episode/<reason> fractions
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -126,8 +133,20 @@ def _interval(values_by_seed: dict[int, list[float]], per_seed: bool) -> Estimat
 
 
 def summarize(name: str, env_id: str, episodes: Sequence, samples: int, k_values: Sequence[int] = (1,),
-              seconds: float = 0.0) -> EvalResult:
-    """Turn ``wrappers.EpisodeStats`` (``samples`` per task seed) into an ``EvalResult``."""
+              seconds: float = 0.0, turn_stops: Counter | None = None) -> EvalResult:
+    """Turn ``wrappers.EpisodeStats`` (``samples`` per task seed) into an ``EvalResult``. Episodes that ended on
+    an env error are left out of every metric and counted (``failed_episodes``); a seed whose episodes all
+    failed is left out; pass@k uses the seeds with at least k episodes left. ``turn_stops``: the policy's
+    per-response stop reasons (``hf_policy``), logged as fractions beside the episodes' own."""
+    from arena_train.rows import EPISODE_STOPS
+
+    stops = {f"stop/episode/{r}": sum(ep.stop == r for ep in episodes) / len(episodes) for r in EPISODE_STOPS
+             } if episodes else {}
+    if turn_stops:
+        total = sum(turn_stops.values())
+        stops.update({f"stop/{r}": n / total for r, n in sorted(turn_stops.items())})
+    failed = sum(ep.stop == "env_error" for ep in episodes)
+    episodes = [ep for ep in episodes if ep.stop != "env_error"]
     by_seed: dict[int, list] = defaultdict(list)
     for ep in episodes:
         by_seed[ep.task_seed].append(ep)
@@ -144,9 +163,10 @@ def summarize(name: str, env_id: str, episodes: Sequence, samples: int, k_values
         length=metric(lambda ep: ep.length),
         valid_format=metric(lambda ep: ep.num_valid_format / max(ep.length, 1)),
         valid_action=metric(lambda ep: ep.num_valid_action / max(ep.length, 1)),
-        pass_at_k={k: float(np.mean([pass_at_k(len(eps), sum(ep.won for ep in eps), k) for eps in by_seed.values()]))
-                   for k in k_values if k <= samples},
-        seconds=seconds,
+        pass_at_k={k: float(np.mean([pass_at_k(len(eps), sum(ep.won for ep in eps), k) for eps in by_seed.values()
+                                     if len(eps) >= k]))
+                   for k in k_values if k <= samples and any(len(eps) >= k for eps in by_seed.values())},
+        seconds=seconds, failed_episodes=failed, stops=stops,
     )
 
 
@@ -154,9 +174,13 @@ def evaluate_policy(env_id: str, policy: Policy | Literal["expert", "random"], s
                     samples: int = 1, max_turns: int | None = None, k_values: Sequence[int] = (1,),
                     name: str | None = None, env_kwargs: dict[str, Any] | None = None, history_length: int = 2,
                     format_penalty: float = 0.1, prompt_style: str = "full", max_parallel: int = 256,
-                    policy_seed: int = 0, progress: bool = True) -> EvalResult:
+                    policy_seed: int = 0, progress: bool = True, env_workers: int = 0,
+                    env_step_timeout: float | None = None) -> EvalResult:
     """Play ``samples`` episodes per task seed with ``policy`` and summarise them.
 
+    ``env_workers``: 0 steps the envs in this process, N >= 1 in N worker processes, -1 = auto
+    (``arena_envs.auto_env_workers``); ``env_step_timeout``: seconds a worker's step may take. An episode that
+    fails on an env error is left out of the metrics and counted (``EvalResult.failed_episodes``).
     Episodes run in chunks of at most ``max_parallel`` (bounds memory and batch size);
     ``max_turns`` defaults to the env's registered step limit; the env is made with
     ``split=held_out_split(env_id)`` (ARLArena ids) unless ``env_kwargs`` names a split.
@@ -176,35 +200,43 @@ def evaluate_policy(env_id: str, policy: Policy | Literal["expert", "random"], s
     max_turns = max_turns or spec.max_episode_steps or DEFAULT_MAX_TURNS
     label = name or (policy if isinstance(policy, str) else "policy")
     rng = np.random.default_rng(policy_seed)
-
-    def env_fn():
-        return wrappers.make_env(env_id, history_length, format_penalty, prompt_style, **(env_kwargs or {}))
-
+    env_fn = functools.partial(wrappers.make_env, env_id, history_length, format_penalty, prompt_style,
+                               **(env_kwargs or {}))
+    turn_stops = Counter(getattr(policy, "stop_counts", {}))
     per_chunk = max(1, max_parallel // samples)
     episodes, start, rollout = [], time.perf_counter(), None
-    with tqdm(total=len(seeds) * samples, desc=f"{label} on {env_id}", unit="ep", disable=not progress) as bar:
-        for lo in range(0, len(seeds), per_chunk):
-            chunk = [int(s) for s in seeds[lo:lo + per_chunk]]
-            if rollout is None or rollout.num_groups != len(chunk):
-                rollout = wrappers.GroupRollout(env_fn, len(chunk), samples)
-            rollout.reset(chunk)
-            if isinstance(policy, str):
-                if policy == "random" and rollout.envs[0].unwrapped.admissible_actions() is None:
-                    return EvalResult(label, env_id, len(seeds), samples, available=False,
-                                      note="n/a: open action set (admissible_actions is None)")
-                act = _baseline(policy, rollout, rng)
-            else:
-                act = policy
-            done_before = bar.n
+    try:
+        with tqdm(total=len(seeds) * samples, desc=f"{label} on {env_id}", unit="ep", disable=not progress) as bar:
+            for lo in range(0, len(seeds), per_chunk):
+                chunk = [int(s) for s in seeds[lo:lo + per_chunk]]
+                if rollout is None or rollout.num_groups != len(chunk):
+                    if rollout is not None:
+                        rollout.close()
+                    workers = auto_env_workers(env_id, len(chunk) * samples) if env_workers < 0 else env_workers
+                    rollout = wrappers.GroupRollout(env_fn, len(chunk), samples, workers=workers,
+                                                    step_timeout=env_step_timeout, env_id=env_id)
+                rollout.reset(chunk)
+                if isinstance(policy, str):
+                    if policy == "random" and rollout.envs[0].unwrapped.admissible_actions() is None:
+                        return EvalResult(label, env_id, len(seeds), samples, available=False,
+                                          note="n/a: open action set (admissible_actions is None)")
+                    act = _baseline(policy, rollout, rng)
+                else:
+                    act = policy
+                done_before = bar.n
 
-            def tracked(batch: list[Messages], rollout=rollout, act=act, done_before=done_before) -> list[str]:
-                bar.update(done_before + rollout.num_episodes - len(batch) - bar.n)  # episodes finished so far
-                return act(batch)
+                def tracked(batch: list[Messages], rollout=rollout, act=act, done_before=done_before) -> list[str]:
+                    bar.update(done_before + rollout.num_episodes - len(batch) - bar.n)  # episodes finished so far
+                    return act(batch)
 
-            rollout.run(tracked, max_turns)
-            bar.update(done_before + rollout.num_episodes - bar.n)
-            episodes += rollout.episodes()
-    return summarize(label, env_id, episodes, samples, k_values, time.perf_counter() - start)
+                rollout.run(tracked, max_turns)
+                bar.update(done_before + rollout.num_episodes - bar.n)
+                episodes += rollout.episodes()
+    finally:  # the workers end on every path out
+        if rollout is not None:
+            rollout.close()
+    turn_stops = Counter(getattr(policy, "stop_counts", {})) - turn_stops
+    return summarize(label, env_id, episodes, samples, k_values, time.perf_counter() - start, turn_stops)
 
 
 # --- output ----------------------------------------------------------------------------
@@ -293,6 +325,11 @@ class Args:
     out: Path | None = None
     """write results JSON here (and the table next to it as .md)"""
     progress: bool = True
+    env_workers: int = -1
+    """env worker processes (0 = in this process; -1 = auto: one per core for the native engines ALFWorld and
+    TextWorld, 0 for the others)"""
+    env_step_timeout: float = 300.0
+    """seconds an env step may take in a worker before its episode fails (left out and counted)"""
 
 
 def main(args: Args) -> int:
@@ -321,7 +358,8 @@ def main(args: Args) -> int:
             splits[env_id] = kwargs.get("split", "no")
             common = dict(max_turns=args.max_turns, k_values=args.k, env_kwargs=kwargs,
                           history_length=args.history_length, format_penalty=args.format_penalty,
-                          prompt_style=args.prompt_style, policy_seed=args.seed, progress=args.progress)
+                          prompt_style=args.prompt_style, policy_seed=args.seed, progress=args.progress,
+                          env_workers=args.env_workers, env_step_timeout=args.env_step_timeout)
             mine: list[EvalResult] = []
             for decoding in args.decoding if model is not None else []:
                 greedy = decoding == "greedy"
@@ -339,6 +377,9 @@ def main(args: Args) -> int:
         return 2
     for env_id, table in tables:
         print(f"\n{env_id} ({splits[env_id]} split), seeds {seeds[0]}..{seeds[-1]}, model {args.model}\n\n{table}")
+    for r in results:
+        if r.failed_episodes:
+            print(f"{r.name} on {r.env_id}: {r.failed_episodes} episodes ended on an env error and are left out")
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         record = {"env_id": env_ids[0] if len(env_ids) == 1 else env_ids, "model": args.model, "seeds": seeds,

@@ -2,17 +2,18 @@
 
     python tests/record_update.py <method> <out_dir> <script flags...>      (or under ``accelerate launch``)
 
-The script runs unchanged (its ``main``), with three substitutions: ``collect_rows`` (as the mixture of envs
-calls it) returns seeded synthetic rows (``synthetic_rows``: groups that share a prompt prefix, responses of 1 to
-``max_response_tokens`` tokens, random wins, format penalties and anchors; a different number of rows on every
-process; noisy rollout log-probs under ``--rollout-is``), ``score_rows`` and ``update_orders`` are wrapped to
-record the rows and mini-batch orders of the update, and ``torch.optim.AdamW`` is plain SGD that records every
-gradient it steps with. Each process writes ``<out_dir>/rank<r>.pt``; ``tests/naive_update.py`` recomputes the
-update from those rows and compares.
+The script runs unchanged (its ``main``), with three substitutions: ``collect_rows`` (as the mixture of envs calls
+it; with ``RECORD_REAL_ROLLOUT=1`` the real one plays the script's envs) returns seeded synthetic rows
+(``synthetic_rows``: groups that share a prompt prefix, responses of 1 to ``max_response_tokens`` tokens, random
+wins, format penalties and anchors; a different number of rows on every process; noisy rollout log-probs under
+``--rollout-is``), ``score_rows`` and ``update_orders`` are wrapped to record the rows and mini-batch orders of the
+update, and ``torch.optim.AdamW`` is plain SGD that records every gradient it steps with. Each process writes
+``<out_dir>/rank<r>.pt``; ``tests/naive_update.py`` recomputes the update from those rows and compares.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -126,11 +127,18 @@ def main() -> None:
         recorded["orders"].append(result)
         return result
 
-    mixture.collect_rows = collect_rows  # the scripts collect through arena_train.mixture
+    real_collect_rows = mixture.collect_rows
+
+    def collect_real_rows(*args, **kwargs):
+        pending.append(True)
+        return real_collect_rows(*args, **kwargs)
+
+    # the scripts collect through arena_train.mixture; RECORD_REAL_ROLLOUT=1 plays the envs for real
+    mixture.collect_rows = collect_real_rows if os.environ.get("RECORD_REAL_ROLLOUT") else collect_rows
     script.score_rows, script.update_orders = score_rows, update_orders
     torch.optim.AdamW = RecordingSGD
     script.main(args)
-    rank = int(__import__("os").environ.get("RANK", "0"))
+    rank = int(os.environ.get("RANK", "0"))
     out_dir.mkdir(parents=True, exist_ok=True)
     recorded["rows"] = [[{k: v for k, v in asdict(r).items() if k not in ("old_logp", "ref_logp")} for r in rows]
                         for rows in recorded["rows"]]

@@ -37,6 +37,25 @@ def test_generate_stops_at_the_end_token_and_keeps_it(hf):
         assert seq[-1] == eos or len(seq) == 12
 
 
+def test_backends_report_why_each_response_stopped(hf):
+    """HFBackend: the end token -> eos, the limit -> max_response_tokens; vLLM's finish_reason maps the same."""
+    from types import SimpleNamespace
+
+    from arena_train.backends import _vllm_stop_reason
+
+    model, tokenizer, prompts = hf
+    backend = HFBackend(model, tokenizer)
+    for scored in (False, True):
+        torch.manual_seed(0)
+        out = (backend.generate_scored(prompts * 8, 6, 1.0, 1.0)[0] if scored
+               else backend.generate(prompts * 8, 6, 1.0, 1.0, greedy=False))
+        assert backend.last_stop_reasons == ["eos" if seq[-1] == tokenizer.eos_token_id else "max_response_tokens"
+                                             for seq in out]
+        assert "max_response_tokens" in backend.last_stop_reasons
+    assert [_vllm_stop_reason(SimpleNamespace(outputs=[SimpleNamespace(finish_reason=r)])) for r in
+            ("length", "stop")] == ["max_response_tokens", "eos"]
+
+
 def test_greedy_is_deterministic_and_batch_chunking_keeps_the_order(hf):
     model, tokenizer, prompts = hf
     whole = HFBackend(model, tokenizer).generate(prompts, 8, 0.7, 0.9, greedy=True)

@@ -354,3 +354,14 @@ def test_newest_verified_checkpoint_skips_damaged_and_newer_ones(prepared, tmp_p
     damaged = next(p for p in (tmp_path / "checkpoints" / "iter_000020").iterdir() if p.name != "manifest.json")
     damaged.write_bytes(damaged.read_bytes()[:-1])
     assert newest_verified_checkpoint(tmp_path, 25)[1] == 10 and newest_verified_checkpoint(tmp_path, 9) is None
+
+
+def test_an_iteration_without_rows_is_not_a_nan_alarm():
+    """Every group dropped on env errors: NaN means of nothing, not a collapse; a NaN with rows still fires."""
+    rows = healthy_stream(0)[:8]
+    nan = float("nan")
+    rows[3].update({"rollout/num_rows": 0, "rollout/success_rate": nan, "rollout/episode_return": nan,
+                    "rollout/advantage_abs": nan, "actor/grad_norm": nan, "actor/pg_loss": nan})
+    rows[5].update({"rollout/num_rows": 12, "actor/grad_norm": nan})
+    steps = run(CollapseMonitor(CollapseConfig(warmup=5)), rows)
+    assert [s.iteration for s in steps if s.signals] == [6]

@@ -16,7 +16,7 @@ from arena_train.backends import HFBackend
 from arena_train.batching import make_batch, score_rows, sequence_logprobs
 from arena_train.models import load_model_and_tokenizer
 from arena_train.rewards import segment_scores, token_rewards
-from arena_train.rollout import RolloutConfig, Row, TurnSpan, collect_rows
+from arena_train.rollout import RolloutConfig, Row, TurnSpan, collect_rows, encode_prompt
 from arena_train.trajectory import env_turn_ids, loss_masks
 from tests.conftest import load_script
 
@@ -185,3 +185,65 @@ def test_unknown_layout_is_a_clear_error(model_and_tokenizer):
     config = RolloutConfig(max_turns=1, max_prompt_tokens=64, max_response_tokens=2, row_layout="episode")
     with pytest.raises(ValueError, match="row_layout"):
         collect_rows(HFBackend(model, tok), tok, wrappers.GroupRollout(make_env, 1, 1), [0], config, {})
+
+
+def test_over_budget_contexts_drop_their_oldest_turns_and_keep_the_first_prompt(model_and_tokenizer):
+    """A context over --max-prompt-tokens keeps the whole first prompt (instructions, task) and its latest turns;
+    the turns left out are counted. A budget of twice the first prompt forces drops."""
+    from arena_train.trajectory import fit_context
+
+    model, tok = model_and_tokenizer
+    backend = RecordingBackend(model, tok)
+    rollout = wrappers.GroupRollout(make_env, 2, 2)
+    first, _ = encode_prompt(tok, make_env().reset(seed=3)[1]["messages"], 10_000)
+    budget = 2 * len(first)  # the first prompt and about one turn (an observation is shorter than the prompt)
+    config = RolloutConfig(max_turns=8, max_prompt_tokens=budget, max_response_tokens=8, temperature=1.0,
+                           row_layout="trajectory")
+    torch.manual_seed(0)
+    stats = defaultdict(float)
+    rows, _ = collect_rows(backend, tok, rollout, [3, 4], config, stats)
+    assert stats["dropped_history"] > 0 and stats["truncated_prompts"] == 0
+    assert all(len(c) <= budget for c in backend.contexts)
+    assert rows[0].prompt_ids == first
+    starts = {tuple(r.prompt_ids) for r in rows}  # every context starts with a whole first prompt
+    assert all(any(c[:len(p)] == list(p) for p in starts) for c in backend.contexts)
+    # fit_context itself: drops whole turns from the oldest, then cuts the middle as a last resort
+    prompt, body = [1, 2, 3], list(range(10, 30))
+    assert fit_context(prompt, body, [0, 5, 12], 100) == (prompt + body, 0, False)
+    assert fit_context(prompt, body, [0, 5, 12], 3 + 15) == (prompt + body[5:], 1, False)
+    assert fit_context(prompt, body, [0, 5, 12], 3 + 8) == (prompt + body[12:], 2, False)
+    context, dropped, cut = fit_context(prompt, body, [0, 5, 12], 6)
+    assert cut and dropped == 2 and context == [1, 2, 3] + body[-3:]
+
+
+def test_stop_reasons_of_turns_and_episodes(model_and_tokenizer):
+    """A 2-token limit cuts nearly every response (max_response_tokens); a prompt cut beyond history is
+    context_overflow; every episode ends with one reason; the fractions of each kind sum to 1."""
+    from arena_train.logger import stop_metrics
+
+    class OneProcess:
+        device = torch.device("cpu")
+
+        def reduce(self, t, reduction="sum"):
+            return t
+
+    model, tok = model_and_tokenizer
+    for layout in ("step", "trajectory"):
+        rollout = wrappers.GroupRollout(make_env, 2, 2)
+        torch.manual_seed(0)
+        stats = defaultdict(float)
+        config = RolloutConfig(max_turns=3, max_prompt_tokens=4096, max_response_tokens=2, temperature=1.0,
+                               row_layout=layout)
+        rows, episodes = collect_rows(HFBackend(model, tok), tok, rollout, [3, 4], config, stats)
+        metrics = stop_metrics(OneProcess(), stats)
+        turns = sum(stats[f"stop/{r}"] for r in ("eos", "turn_end", "max_response_tokens", "context_overflow"))
+        assert turns == sum(e.length for e in episodes) and stats["stop/max_response_tokens"] >= turns - 1
+        assert metrics["stop/max_response_tokens"] > 0.5
+        assert sum(v for k, v in metrics.items() if k.startswith("stop/episode/")) == pytest.approx(1.0)
+        assert all(e.stop in ("won", "terminated", "max_turns", "truncated") for e in episodes)
+        assert {r.stop for r in rows} <= {"eos", "max_response_tokens"}
+    rollout = wrappers.GroupRollout(make_env, 1, 2)
+    stats = defaultdict(float)
+    collect_rows(HFBackend(model, tok), tok, rollout, [3], RolloutConfig(max_turns=1, max_prompt_tokens=20,
+                                                                        max_response_tokens=2), stats)
+    assert stats["stop/context_overflow"] == 2 and stats["truncated_prompts"] == 2

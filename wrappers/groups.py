@@ -12,17 +12,29 @@ infos are rich dicts (chat messages, anchors), episodes finish at different turn
 must then stay finished until the next ``reset``, and the expensive part is the LLM
 call, not env stepping — so a list of envs stepped in a Python loop is both simpler
 and as fast. Envs are created once and reused across ``reset`` calls.
+
+Where the envs run is ``arena_envs.pool``'s choice: in this process (``LocalEnvs``) or in worker processes
+(``EnvPool``, ``workers >= 1``), stepped as one batch either way. An env that raises in ``reset``/``step``, a
+crashed worker or a step past the timeout ends that episode as failed (``EpisodeStats.stop == "env_error"``,
+``failures()``); the caller decides what becomes of its group (``arena_train.rollout.collect_rows``: retried once,
+else dropped). The first traceback of each kind is printed once per process.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import gymnasium as gym
 
+from arena_envs.pool import EnvError, EnvPool, LocalEnvs
+
 Messages = list[dict[str, str]]
+
+#: Error kinds whose first traceback this process has printed.
+_REPORTED: set[str] = set()
 
 
 @dataclass
@@ -40,9 +52,10 @@ class Turn:
     action_is_valid: bool
     anchor: Hashable  # anchor of the state this response acted on
     won: bool
-    done: bool  # the episode ended with this turn (terminated, truncated or max_turns)
+    done: bool  # the episode ended with this turn (terminated, truncated, max_turns or an env error)
     action: str | None = None  # action the env received (projection "strict": None if the response was malformed)
     terminated: bool = False  # env reached a terminal state (vs. truncated / turn budget)
+    env_error: bool = False  # the env failed on this step (the episode failed; rewards are 0)
 
     @property
     def reward(self) -> float:
@@ -62,6 +75,7 @@ class EpisodeStats:
     done: bool = False
     num_valid_format: int = 0
     num_valid_action: int = 0
+    stop: str = ""  # why it ended: won, terminated, max_turns, truncated, env_error ("" while it runs)
 
 
 class GroupRollout:
@@ -69,39 +83,87 @@ class GroupRollout:
 
     ``env_fn`` should return the standard stack (``PromptHistory`` outermost) so that
     info carries ``messages``, ``anchor``, ``format_ok``, ``env_reward`` and ``format_penalty``.
+    ``env_fn`` may also be a ``LocalEnvs`` / ``EnvPool`` (several rollouts sharing one set of envs: this one uses
+    its first slots); else ``workers >= 1`` runs the envs in that many worker processes (``env_fn`` must then
+    pickle: ``functools.partial(wrappers.make_env, ...)``) with ``step_timeout`` seconds per step.
+    ``env_id`` names the env in error messages.
     """
 
-    def __init__(self, env_fn: Callable[[], gym.Env], num_groups: int, group_size: int):
+    def __init__(self, env_fn: Callable[[], gym.Env] | LocalEnvs | EnvPool, num_groups: int, group_size: int,
+                 workers: int = 0, step_timeout: float | None = None, env_id: str = ""):
         if num_groups < 1 or group_size < 1:
             raise ValueError(f"num_groups and group_size must be >= 1, got {num_groups}, {group_size}")
         self.num_groups, self.group_size = int(num_groups), int(group_size)
-        self.envs = [env_fn() for _ in range(self.num_groups * self.group_size)]
+        n = self.num_groups * self.group_size
+        if isinstance(env_fn, (LocalEnvs, EnvPool)):
+            self.runner = env_fn
+            self.runner.ensure(n)
+        elif workers > 0:
+            self.runner = EnvPool(env_fn, n, workers=workers, timeout=step_timeout)
+        else:
+            self.runner = LocalEnvs(env_fn, n)
+        self.env_id = env_id
+        self._n = n
         self._messages: list[Messages] = []
         self._shorter: list[list[Messages]] = []
         self._anchors: list[Hashable] = []
         self._active: list[bool] = []
         self._stats: list[EpisodeStats] = []
+        self._failures: dict[int, EnvError] = {}
+        self.last_error: EnvError | None = None
+
+    @property
+    def envs(self) -> list[Any]:
+        """The episodes' envs (a worker's env: a stand-in whose ``unwrapped`` reaches it)."""
+        return self.runner.envs[:self._n]
 
     @property
     def num_episodes(self) -> int:
-        return len(self.envs)
+        return self._n
 
     def group_of(self, episode: int) -> int:
         return episode // self.group_size
 
-    def reset(self, task_seeds: Sequence[int]) -> None:
-        """Start every episode; group g uses ``task_seeds[g]``."""
+    def reset(self, task_seeds: Sequence[int], groups: Sequence[int] | None = None) -> None:
+        """Start every episode of ``groups`` (default: all); group g uses ``task_seeds[g]``. Episodes of other
+        groups stay inactive (a retry replays only the failed groups)."""
         if len(task_seeds) != self.num_groups:
             raise ValueError(f"need {self.num_groups} task seeds, got {len(task_seeds)}")
-        self._messages, self._shorter, self._anchors, self._active, self._stats = [], [], [], [], []
-        for i, env in enumerate(self.envs):
-            seed = int(task_seeds[self.group_of(i)])
-            obs, info = env.reset(seed=seed)
-            self._messages.append(_messages(obs, info))
-            self._shorter.append(info.get("shorter_messages", []))
-            self._anchors.append(info.get("anchor", str(obs).strip()))
-            self._active.append(True)
-            self._stats.append(EpisodeStats(episode=i, group=self.group_of(i), task_seed=seed))
+        play = set(range(self.num_groups) if groups is None else groups)
+        self._messages, self._shorter, self._anchors = [[] for _ in range(self._n)], [[]] * self._n, [None] * self._n
+        self._active, self._failures = [False] * self._n, {}
+        self._stats = [EpisodeStats(episode=i, group=self.group_of(i), task_seed=int(task_seeds[self.group_of(i)]))
+                       for i in range(self._n)]
+        results = self.runner.reset_many({i: {"seed": self._stats[i].task_seed} for i in range(self._n)
+                                          if self.group_of(i) in play})
+        for i, result in results.items():
+            if isinstance(result, EnvError):
+                self._fail(i, result)
+                continue
+            obs, info = result
+            self._messages[i] = _messages(obs, info)
+            self._shorter[i] = info.get("shorter_messages", [])
+            self._anchors[i] = info.get("anchor", str(obs).strip())
+            self._active[i] = True
+
+    def _fail(self, i: int, error: EnvError) -> None:
+        stats = self._stats[i]
+        stats.stop, stats.done, stats.won = "env_error", True, False
+        self._active[i] = False
+        self._failures[i] = self.last_error = error
+        if error.kind not in _REPORTED:
+            _REPORTED.add(error.kind)
+            print(f"env error in {self.env_id or 'an env'} (episode {i}, task seed {stats.task_seed}): {error.error}"
+                  f"\n{error.traceback}(the episode failed and its group leaves the update; later errors of kind "
+                  f"{error.kind!r} are counted in rollout/env_errors, not printed)", file=sys.stderr, flush=True)
+
+    def failures(self) -> dict[int, EnvError]:
+        """Episodes that failed since the last ``reset``, with their errors."""
+        return dict(self._failures)
+
+    def failed_groups(self) -> list[int]:
+        """Groups with a failed episode since the last ``reset``."""
+        return sorted({self.group_of(i) for i in self._failures})
 
     def active(self) -> list[int]:
         return [i for i, a in enumerate(self._active) if a]
@@ -116,17 +178,28 @@ class GroupRollout:
         return self._shorter[episode]
 
     def step(self, responses: Mapping[int, str], max_turns: int | None = None) -> list[Turn]:
-        """Step the given active episodes with their raw responses; returns one Turn each."""
+        """Step the given active episodes with their raw responses; returns one Turn each (a failed step: a Turn
+        with ``env_error``, ``done`` and rewards 0, and the episode fails)."""
         inactive = [i for i in responses if not (0 <= i < len(self._active) and self._active[i])]
         if inactive:
             raise ValueError(f"episodes {sorted(inactive)} are not active (call reset, or check active())")
+        texts = {i: responses[i] if isinstance(responses[i], str) else "" for i in sorted(responses)}
+        results = self.runner.step_many(texts)
         turns = []
-        for i in sorted(responses):
-            response = responses[i] if isinstance(responses[i], str) else ""
+        for i, response in texts.items():
             stats = self._stats[i]
-            obs, reward, terminated, truncated, info = self.envs[i].step(response)
             stats.length += 1
-            done = bool(terminated or truncated) or (max_turns is not None and stats.length >= max_turns)
+            result = results[i]
+            if isinstance(result, EnvError):
+                turns.append(Turn(episode=i, group=stats.group, turn=stats.length - 1, messages=self._messages[i],
+                                  response=response, env_reward=0.0, format_penalty=0.0, format_ok=False,
+                                  action_is_valid=False, anchor=self._anchors[i], won=False, done=True,
+                                  env_error=True))
+                self._fail(i, result)
+                continue
+            obs, reward, terminated, truncated, info = result
+            budget = max_turns is not None and stats.length >= max_turns
+            done = bool(terminated or truncated) or budget
             turn = Turn(
                 episode=i, group=stats.group, turn=stats.length - 1, messages=self._messages[i],
                 response=response, env_reward=float(info.get("env_reward", reward)),
@@ -140,6 +213,9 @@ class GroupRollout:
             stats.num_valid_format += turn.format_ok
             stats.num_valid_action += turn.action_is_valid
             stats.won, stats.done = turn.won, done
+            if done:
+                stats.stop = ("won" if turn.won else "terminated" if terminated else "truncated" if truncated
+                              else "max_turns")
             self._messages[i] = _messages(obs, info)
             self._shorter[i] = info.get("shorter_messages", [])
             self._anchors[i] = info.get("anchor", str(obs).strip())
@@ -160,6 +236,10 @@ class GroupRollout:
 
     def episodes(self) -> list[EpisodeStats]:
         return list(self._stats)
+
+    def close(self) -> None:
+        """Close the envs (and end the workers)."""
+        self.runner.close()
 
 
 def _messages(obs: Any, info: dict[str, Any]) -> Messages:

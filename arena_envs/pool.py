@@ -1,0 +1,355 @@
+"""Where a rollout's envs run: in the trainer's process (``LocalEnvs``) or in worker processes (``EnvPool``), behind
+one interface, so that ``wrappers.GroupRollout`` steps either the same way.
+
+Both hold numbered slots, one env each, and answer ``reset_many({slot: reset kwargs})`` and
+``step_many({slot: action})`` with ``{slot: result}``, where a result is what ``env.reset`` / ``env.step`` returned
+or an ``EnvError``: an exception in the env, a crashed worker or a step past the timeout. A slot whose env failed
+gets a fresh env (made on its next reset); nothing raises out of a batch, so one bad episode never ends a run
+(``wrappers.groups`` turns the error into a failed episode).
+
+``EnvPool`` sends a batch to every addressed worker before reading any answer, so engines step in parallel. Slot
+``i`` lives on worker ``i % workers``; a worker steps its slots one after the other. A worker that dies (a
+segfault in a native engine, an OOM kill) or runs past ``timeout`` seconds per step is killed and restarted:
+its addressed slots fail with that error, and its other slots (their envs are gone) fail on their next step.
+Workers are daemon processes that also leave when their pipe closes, so they end with the trainer on any exit
+path; ``close`` (also at interpreter exit) ends them at once.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import multiprocessing as mp
+import time
+import traceback
+import weakref
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from multiprocessing.connection import wait
+from typing import Any
+
+#: Modules the forkserver imports once, so that a worker starts in milliseconds, not seconds.
+_PRELOAD = ["gymnasium", "arena_envs", "wrappers"]
+
+
+@dataclass(frozen=True)
+class EnvError:
+    """Why a slot's reset or step failed. ``kind``: the exception's type name, ``crash`` (the worker died) or
+    ``timeout``; ``error``: one line; ``traceback``: the env's traceback (exceptions only)."""
+
+    kind: str
+    error: str
+    traceback: str = ""
+
+
+def _exception_error(exc: BaseException) -> EnvError:
+    return EnvError(type(exc).__name__, f"{type(exc).__name__}: {exc}", traceback.format_exc())
+
+
+class LocalEnvs:
+    """Slots in this process: ``env_fn()`` per slot, made on demand (``ensure``) and kept across resets."""
+
+    def __init__(self, env_fn: Callable[[], Any], slots: int = 0):
+        self.env_fn = env_fn
+        self._envs: list[Any] = []
+        self.ensure(slots)
+
+    def ensure(self, slots: int) -> None:
+        """Make envs up to ``slots`` slots (an env made here that raises is an error of its maker, not a slot's)."""
+        while len(self._envs) < slots:
+            self._envs.append(self.env_fn())
+
+    @property
+    def envs(self) -> list[Any]:
+        return self._envs
+
+    def reset_many(self, requests: Mapping[int, dict]) -> dict[int, Any]:
+        return {i: self._run(i, lambda env, kw=kw: env.reset(**kw)) for i, kw in sorted(requests.items())}
+
+    def step_many(self, actions: Mapping[int, Any]) -> dict[int, Any]:
+        return {i: self._run(i, lambda env, a=a: env.step(a)) for i, a in sorted(actions.items())}
+
+    def _run(self, i: int, fn):
+        try:
+            if self._envs[i] is None:
+                self._envs[i] = self.env_fn()
+            return fn(self._envs[i])
+        except Exception as exc:  # the episode fails; the slot gets a fresh env on its next use
+            error = _exception_error(exc)
+            self._drop(i)
+            return error
+
+    def _drop(self, i: int) -> None:
+        env, self._envs[i] = self._envs[i], None
+        try:
+            if env is not None:
+                env.close()
+        except Exception:
+            pass
+
+    def close(self) -> None:
+        for i in range(len(self._envs)):
+            self._drop(i)
+
+
+def _attribute(env, name: str, args: tuple | None):
+    """``env.unwrapped.<name>(*args)``, or the plain attribute when ``args`` is None."""
+    value = getattr(env.unwrapped, name)
+    return value if args is None else value(*args)
+
+
+def _worker(conn, env_fn: Callable[[], Any]) -> None:
+    """A worker's loop: its slots' envs, made on first use; an env that raised is dropped (fresh next time)."""
+    envs: dict[int, Any] = {}
+
+    def run(i, fn):
+        try:
+            if i not in envs:
+                envs[i] = env_fn()
+            return ("ok", fn(envs[i]))
+        except Exception as exc:
+            envs.pop(i, None)
+            return ("error", _exception_error(exc))
+
+    while True:
+        try:
+            cmd, payload = conn.recv()
+        except (EOFError, OSError):
+            break  # the trainer is gone
+        if cmd == "reset":
+            conn.send({i: run(i, lambda env, kw=kw: env.reset(**kw)) for i, kw in sorted(payload.items())})
+        elif cmd == "step":
+            conn.send({i: run(i, lambda env, a=a: env.step(a)) for i, a in sorted(payload.items())})
+        elif cmd == "call":  # (slot, attribute name, args or None for a plain attribute)
+            slot, name, args = payload
+            conn.send(run(slot, functools.partial(_attribute, name=name, args=args)))
+        elif cmd == "attrs":
+            conn.send(run(payload, lambda env: {n: callable(getattr(env.unwrapped, n, None))
+                                                for n in dir(env.unwrapped) if not n.startswith("__")}))
+        elif cmd == "pid":
+            conn.send(("ok", mp.current_process().pid))
+        elif cmd == "close":
+            for env in envs.values():
+                try:
+                    env.close()
+                except Exception:
+                    pass
+            conn.send(("ok", None))
+            break
+    conn.close()
+
+
+def _close_all(ref) -> None:
+    pool = ref()
+    if pool is not None:
+        pool.close()
+
+
+class EnvPool:
+    """``slots`` envs in ``workers`` processes (default one per slot). ``env`` is an env id (made with
+    ``gym.make(env, **env_kwargs)``) or a picklable no-argument callable (``functools.partial(wrappers.make_env,
+    ...)``). ``timeout``: seconds a step or reset may take (None: no limit)."""
+
+    def __init__(self, env: str | Callable[[], Any], slots: int, workers: int | None = None,
+                 context: str = "forkserver", timeout: float | None = None, **env_kwargs):
+        if isinstance(env, str):
+            import gymnasium as gym
+
+            env = functools.partial(gym.make, env, **env_kwargs)
+        self.env_fn, self.slots = env, int(slots)
+        self.workers = max(1, min(int(workers or self.slots), self.slots)) if self.slots else 1
+        if timeout is not None and timeout <= 0:
+            raise ValueError(f"timeout must be > 0 seconds or None, got {timeout}")
+        self.timeout, self.restarts = timeout, 0
+        self._ctx = mp.get_context(context)
+        if context == "forkserver":
+            self._ctx.set_forkserver_preload(_PRELOAD)
+        self._procs: list = [None] * self.workers
+        self._conns: list = [None] * self.workers
+        self._lost: dict[int, EnvError] = {}  # slots whose env died with its worker, until their next reset
+        self._attrs: dict[str, bool] | None = None
+        self._proxies = [SlotProxy(self, i) for i in range(self.slots)]
+        for w in range(self.workers):
+            self._start(w)
+        atexit.register(_close_all, weakref.ref(self))
+
+    def ensure(self, slots: int) -> None:
+        if slots > self.slots:
+            raise ValueError(f"this pool has {self.slots} slots, {slots} were asked for")
+
+    def worker_of(self, slot: int) -> int:
+        return slot % self.workers
+
+    def _start(self, w: int) -> None:
+        parent, child = self._ctx.Pipe()
+        proc = self._ctx.Process(target=_worker, args=(child, self.env_fn), daemon=True)
+        proc.start()
+        child.close()
+        self._procs[w], self._conns[w] = proc, parent
+
+    def _restart(self, w: int, error: EnvError) -> None:
+        """Kill worker ``w`` and start a fresh one; its slots' envs are gone (``_lost`` until reset)."""
+        self._conns[w].close()
+        if self._procs[w].is_alive():
+            self._procs[w].kill()
+        self._procs[w].join()
+        self.restarts += 1
+        for slot in range(w, self.slots, self.workers):
+            self._lost[slot] = error
+        self._start(w)
+
+    def _batch(self, cmd: str, payload: Mapping[int, Any]) -> dict[int, Any]:
+        """Send each worker its share of ``payload`` at once, then gather: results or ``EnvError`` per slot."""
+        out: dict[int, Any] = {}
+        shares: dict[int, dict[int, Any]] = {}
+        for slot, value in payload.items():
+            if not 0 <= slot < self.slots:
+                raise ValueError(f"slot {slot} out of range (pool of {self.slots})")
+            if cmd == "step" and slot in self._lost:
+                out[slot] = self._lost[slot]
+                continue
+            shares.setdefault(self.worker_of(slot), {})[slot] = value
+        start, pending, deadline = time.monotonic(), {}, {}
+        for w, share in shares.items():
+            try:
+                self._conns[w].send((cmd, share))
+                pending[self._conns[w]] = w
+            except (BrokenPipeError, ConnectionResetError, OSError):
+                self._fail(w, share, self._crash_error(w), out)
+            if self.timeout is not None:
+                deadline[w] = start + self.timeout * len(share)
+        while pending:
+            wait_s = None if self.timeout is None else max(0.0, min(deadline[w] for w in pending.values())
+                                                             - time.monotonic())
+            ready = wait(list(pending), timeout=wait_s)
+            for conn in ready:
+                w = pending.pop(conn)
+                try:
+                    answers = conn.recv()
+                except (EOFError, ConnectionResetError, OSError):
+                    self._fail(w, shares[w], self._crash_error(w), out)
+                    continue
+                for slot, (status, value) in answers.items():
+                    out[slot] = value
+                    if cmd == "reset" and status == "ok":
+                        self._lost.pop(slot, None)
+            if not ready:  # past a deadline: those workers hang
+                now = time.monotonic()
+                for conn, w in list(pending.items()):
+                    if now >= deadline[w]:
+                        del pending[conn]
+                        self._fail(w, shares[w], EnvError(
+                            "timeout", f"no answer within --env-step-timeout {self.timeout:g} s per step "
+                                       f"(worker {w} killed)"), out)
+        return out
+
+    def _crash_error(self, w: int) -> EnvError:
+        self._procs[w].join(timeout=1)
+        return EnvError("crash", f"worker {w} died (exit code {self._procs[w].exitcode})")
+
+    def _fail(self, w: int, share: Mapping[int, Any], error: EnvError, out: dict[int, Any]) -> None:
+        self._restart(w, error)
+        for slot in share:
+            out[slot] = error
+
+    def reset_many(self, requests: Mapping[int, dict]) -> dict[int, Any]:
+        return self._batch("reset", requests)
+
+    def step_many(self, actions: Mapping[int, Any]) -> dict[int, Any]:
+        return self._batch("step", actions)
+
+    def _call(self, w: int, cmd: str, payload: Any):
+        try:
+            self._conns[w].send((cmd, payload))
+            status, value = self._conns[w].recv()
+        except (EOFError, BrokenPipeError, ConnectionResetError, OSError):
+            error = self._crash_error(w)
+            self._restart(w, error)
+            raise RuntimeError(error.error) from None
+        if status == "error":
+            raise RuntimeError(f"{value.error}\n{value.traceback}")
+        return value
+
+    def call(self, slot: int, name: str, *args):
+        """Call method ``name`` of slot ``slot``'s unwrapped env with ``args`` (e.g. ``expert_action``)."""
+        return self._call(self.worker_of(slot), "call", (slot, name, args))
+
+    def get(self, slot: int, name: str):
+        """Attribute ``name`` of slot ``slot``'s unwrapped env."""
+        return self._call(self.worker_of(slot), "call", (slot, name, None))
+
+    def attrs(self, slot: int = 0) -> dict[str, bool]:
+        """The public attributes of an unwrapped env (name -> callable), read once from ``slot``'s env."""
+        if self._attrs is None:
+            self._attrs = self._call(self.worker_of(slot), "attrs", slot)
+        return self._attrs
+
+    def pid(self, slot: int) -> int:
+        """Process id of the worker holding ``slot``."""
+        return self._call(self.worker_of(slot), "pid", None)
+
+    @property
+    def envs(self) -> list[SlotProxy]:
+        """Stand-ins of the slots' envs whose ``unwrapped`` reaches the env in its worker (``env.unwrapped.expert_
+        action()`` works as in-process; stepping goes through ``step_many``)."""
+        return self._proxies
+
+    # the single-slot calls of the pool's first version (benchmarks, tests)
+    def reset(self, slot: int, seed: int | None = None, options: dict | None = None):
+        """Reset one slot; raises on an error."""
+        result = self.reset_many({slot: {"seed": seed, "options": options}})[slot]
+        if isinstance(result, EnvError):
+            raise RuntimeError(f"{result.error}\n{result.traceback}")
+        return result
+
+    def step(self, actions: Mapping[int, Any]) -> dict[int, Any]:
+        return self.step_many(actions)
+
+    def close(self) -> None:
+        """End every worker (idempotent)."""
+        for w in range(self.workers):
+            proc, conn = self._procs[w], self._conns[w]
+            if proc is None:
+                continue
+            if proc.is_alive():
+                try:
+                    conn.send(("close", None))
+                    if conn.poll(5):
+                        conn.recv()
+                except (EOFError, BrokenPipeError, ConnectionResetError, OSError):
+                    pass
+                proc.join(timeout=5)
+                if proc.is_alive():
+                    proc.kill()
+                    proc.join()
+            conn.close()
+            self._procs[w] = self._conns[w] = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class SlotProxy:
+    """One ``EnvPool`` slot seen as an env: ``unwrapped`` forwards attribute reads and method calls."""
+
+    def __init__(self, pool: EnvPool, slot: int):
+        self.pool, self.slot = pool, slot
+        self.unwrapped = _Unwrapped(pool, slot)
+
+
+class _Unwrapped:
+    def __init__(self, pool: EnvPool, slot: int):
+        self._pool, self._slot = pool, slot
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        attrs = self._pool.attrs(self._slot)
+        if name not in attrs:
+            raise AttributeError(f"the env has no attribute {name!r}")
+        if attrs[name]:
+            return functools.partial(self._pool.call, self._slot, name)
+        return self._pool.get(self._slot, name)

@@ -1,0 +1,63 @@
+"""Sokoban-Mini with injected faults, for the failure-policy tests (``--env-id faulty_env:Faulty-v0``).
+
+The fault is set by environment variables, so that it reaches a training script's process and env workers alike:
+``ARL_FAULT`` = ``raise`` (a ``RuntimeError``), ``exit`` (the process dies: a crashed worker), ``hang`` (sleeps
+an hour: a timeout) or ``reset`` (``reset`` raises); ``ARL_FAULT_SEEDS`` = the task seeds that fail
+(comma-separated); ``ARL_FAULT_STEP`` = the step (1-based) that fails; ``ARL_FAULT_ONCE`` = a folder: each seed
+fails only once (a marker file per seed), so a retry succeeds; ``ARL_FAULT_PIDS`` = a folder that receives an
+empty file named after the process id of every process that makes an env.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import gymnasium as gym
+
+import arena_envs  # noqa: F401  (registers ARL/Sokoban-Mini-v0)
+
+
+class FaultyEnv(gym.Wrapper):
+    def __init__(self, split: str = "train"):
+        super().__init__(gym.make("ARL/Sokoban-Mini-v0", split=split).unwrapped)
+        self.seed, self.steps = None, 0
+        if os.environ.get("ARL_FAULT_PIDS"):  # where the envs live (their processes must end with the run)
+            (Path(os.environ["ARL_FAULT_PIDS"]) / str(os.getpid())).touch()
+
+    def _fault_due(self) -> bool:
+        seeds = {int(s) for s in os.environ.get("ARL_FAULT_SEEDS", "").split(",") if s}
+        if self.seed not in seeds:
+            return False
+        once = os.environ.get("ARL_FAULT_ONCE")
+        if once:
+            marker = Path(once) / str(self.seed)
+            if marker.exists():
+                return False
+            marker.touch()
+        return True
+
+    def _fault(self) -> None:
+        mode = os.environ.get("ARL_FAULT", "raise")
+        if mode == "exit":
+            os._exit(3)
+        if mode == "hang":
+            time.sleep(3600)
+        raise RuntimeError(f"injected fault on task seed {self.seed}")
+
+    def reset(self, *, seed=None, options=None):
+        self.seed, self.steps = seed, 0
+        if os.environ.get("ARL_FAULT") == "reset" and self._fault_due():
+            self._fault()
+        return self.env.reset(seed=seed, options=options)
+
+    def step(self, action):
+        self.steps += 1
+        if (os.environ.get("ARL_FAULT") != "reset" and self.steps == int(os.environ.get("ARL_FAULT_STEP", "1"))
+                and self._fault_due()):
+            self._fault()
+        return self.env.step(action)
+
+
+gym.register(id="Faulty-v0", entry_point=FaultyEnv, max_episode_steps=10)
