@@ -151,7 +151,7 @@ def test_evaluation_leaves_failed_episodes_out(fault):
     from eval.evaluate import evaluate_policy
 
     fault("raise", [5], step=1)
-    result = evaluate_policy("faulty_env:Faulty-v0", "random", [4, 5, 6], samples=2, progress=False,
+    result = evaluate_policy("Faulty-v0", "random", [4, 5, 6], samples=2, progress=False,
                              prompt_style="compact", env_kwargs={"split": "test"})
     assert result.failed_episodes == 2 and result.num_seeds == 2 and result.stops["stop/episode/env_error"] == 2 / 6
 
