@@ -1,7 +1,8 @@
 """One evaluation panel: held-out evaluation is addressed by task seed, so every split of the work plays the same
 tasks with the same per-task results. The training scripts' in-run evaluation (``MixtureRollout.evaluate`` on
 ``held_out_seeds``) is run in 1 process and under ``accelerate launch`` in 2, with a real tiny model decoding
-greedily and with a policy that acts on the observation alone; ``eval.evaluate`` plays the same seeds."""
+greedily and with a policy that acts on the observation alone; ``eval.evaluate`` plays the same seeds with the same
+results whether its envs step in-process or in worker processes."""
 
 from __future__ import annotations
 
@@ -128,11 +129,15 @@ def test_in_run_evaluation_plays_one_panel_over_1_and_2_processes(policy, panels
         assert len({tuple(r) for r in one["by_seed"].values()}) > 1
 
 
-# Env workers (`--env-workers N` of the scripts and of eval.evaluate) are the panel's other split that must not
-# matter: once the flag exists, the panel played with N workers joins the comparison above.
-
-
-def test_standalone_evaluation_plays_the_in_run_panel(tmp_path):
-    out = tmp_path / "eval.json"
-    assert main(Args(env_id=SOKOBAN, num_seeds=EPISODES, baselines=["expert"], progress=False, out=out)) == 0
-    assert json.loads(out.read_text())["seeds"] == held_out_seeds(EPISODES, 0, 1)
+@pytest.mark.parametrize("env_workers", [0, 2])
+def test_standalone_evaluation_plays_the_in_run_panel(env_workers, tmp_path):
+    """The same seeds, and the same results whether the envs step in this process or in 2 workers."""
+    records = []
+    for workers in (0, env_workers):
+        out = tmp_path / f"eval{workers}.json"
+        assert main(Args(env_id=SOKOBAN, num_seeds=EPISODES, baselines=["expert", "random"], samples=2,
+                         env_workers=workers, progress=False, out=out)) == 0
+        records.append(json.loads(out.read_text()))
+    assert records[0]["seeds"] == records[1]["seeds"] == held_out_seeds(EPISODES, 0, 1)
+    for a, b in zip(records[0]["results"], records[1]["results"]):
+        assert {**a, "seconds": 0} == {**b, "seconds": 0}  # wall time apart, bit for bit

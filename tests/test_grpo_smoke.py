@@ -128,9 +128,13 @@ def test_same_command_twice_is_bit_identical(tiny, uninterrupted, tmp_path):
     assert_bit_identical(uninterrupted, tmp_path)
 
 
-# Env workers versus in-process envs (`--env-workers N` vs 0) belongs here, as a third variation that must not
-# matter: `run_grpo(tmp_path, tiny, "--env-workers", "2")` then `assert_bit_identical(uninterrupted, tmp_path)`,
-# once the flag exists.
+@pytest.mark.slow
+def test_env_workers_give_the_in_process_run_bit_for_bit(tiny, uninterrupted, tmp_path):
+    """Sokoban-Mini's envs step in the trainer's process by default (``--env-workers`` auto = 0); 2 workers."""
+    proc = run_grpo(tmp_path, tiny, "--env-workers", "2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads((tmp_path / "r" / "args.json").read_text())["env_workers"] == 2
+    assert_bit_identical(uninterrupted, tmp_path)
 
 
 def test_missing_bc_checkpoint_says_run_sft_first(tmp_path):
