@@ -144,7 +144,8 @@ class Args:
     sums, so other numbers for the same seed)"""
     overlap: bool = True
     """BC validation checks and the BC start's and baselines' held-out evaluation in a second process, beside BC
-    training and the RL stage (the same numbers; --no-overlap: everything in one process)"""
+    training and the RL stage (the same numbers; --no-overlap: everything in one process, the faster choice on a
+    machine whose cores other jobs keep busy)"""
     seed_workers: int = 0
     """pipeline seeds run at once, each in its own process (0: one per core, at most one per seed; 1: one after
     another); each seed gives the same numbers either way"""
