@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 # re-exported: callers import every row record and prompt helper from this module
-from arena_train.rows import RolloutConfig, Row, cut_at_turn_end, encode_prompts, turn_stop_reasons
+from arena_train.rows import RolloutConfig, Row, count_stops, cut_at_turn_end, encode_prompts, turn_stop_reasons
 from arena_train.rows import TurnSpan as TurnSpan
 from arena_train.rows import encode_prompt as encode_prompt
 from arena_train.trajectory import collect_trajectories
@@ -127,15 +127,6 @@ def collect_rows(backend, tokenizer, rollout, seeds: list[int], config: RolloutC
     episodes = ([e for e in episodes if e.group not in retried]
                 + [e for e in retry_episodes if e.group not in dropped])
     return rows, sorted(episodes, key=lambda e: e.episode)
-
-
-def count_stops(stats: dict[str, float], turn_stops: list[str], episodes: list[Any]) -> None:
-    """Add one to ``stats["stop/<reason>"]`` per turn and to ``stats["stop/episode/<reason>"]`` per ended
-    episode (``rows.TURN_STOPS``, ``rows.EPISODE_STOPS``)."""
-    for reason in turn_stops:
-        stats[f"stop/{reason}"] += 1
-    for e in episodes:
-        stats[f"stop/episode/{e.stop}"] += 1
 
 
 def _collect_steps(backend, tokenizer, rollout, seeds: list[int], config: RolloutConfig, stats: dict[str, float],

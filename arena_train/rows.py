@@ -60,6 +60,15 @@ TURN_STOPS = ("eos", "turn_end", "max_response_tokens", "context_overflow", "env
 EPISODE_STOPS = ("won", "terminated", "max_turns", "truncated", "env_error")
 
 
+def count_stops(stats: dict[str, float], turn_stops: list[str], episodes: list[Any]) -> None:
+    """Add one to ``stats["stop/<reason>"]`` per turn and to ``stats["stop/episode/<reason>"]`` per ended
+    episode (``rows.TURN_STOPS``, ``rows.EPISODE_STOPS``)."""
+    for reason in turn_stops:
+        stats[f"stop/{reason}"] += 1
+    for e in episodes:
+        stats[f"stop/episode/{e.stop}"] += 1
+
+
 def turn_stop_reasons(backend, generated: list[list[int]], kept: list[list[int]], prompt_cut: list[bool],
                       max_new_tokens: int, eos_id: int | None) -> list[str]:
     """Why each response of one generate call ended (``TURN_STOPS`` but ``env_error``, which the env step adds):

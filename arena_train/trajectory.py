@@ -22,7 +22,15 @@ from typing import Any
 
 import numpy as np
 
-from arena_train.rows import RolloutConfig, Row, TurnSpan, cut_at_turn_end, encode_prompt, turn_stop_reasons
+from arena_train.rows import (
+    RolloutConfig,
+    Row,
+    TurnSpan,
+    count_stops,
+    cut_at_turn_end,
+    encode_prompt,
+    turn_stop_reasons,
+)
 from wrappers.special_tokens import escape_special_tokens
 
 #: Stand-in for a response when the chat template renders the text between two assistant turns.
@@ -65,8 +73,6 @@ def collect_trajectories(backend, tokenizer, rollout, seeds: list[int], config: 
     turn over all active episodes), one row per episode of ``groups`` (default: all). The env's next message is
     the last message of ``rollout.messages(i)`` (use ``history_length=0``: the sequence already holds the
     history)."""
-    from arena_train.rollout import count_stops
-
     rollout.reset(seeds, groups)
     played = set(rollout.active()) | set(rollout.failures())
     n = rollout.num_episodes

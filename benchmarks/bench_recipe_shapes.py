@@ -19,27 +19,19 @@ update tokens per row (prompt + response), rows, prompts that dropped history pa
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
-import sys
 import time
 from pathlib import Path
+
+import gpu_check  # the sibling benchmark: this file runs as a script, its folder on the path
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def load_gpu_check():
-    if "gpu_check" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "benchmarks" / "gpu_check.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["gpu_check"] = module  # dataclasses resolve their module through sys.modules
-        spec.loader.exec_module(module)
-    return sys.modules["gpu_check"]
 
 
 def run_env(env_id: str, out: Path, groups: int, group_size: int, threads: int, timeout: float,
             extra: list[str]) -> dict:
-    gpu_check = load_gpu_check()
     ctx = gpu_check.Context(gpu_check.Args(out=out, threads=threads), on_gpu=False)
     name = env_id.split("/")[-1] + "".join(f"_{a.lstrip('-')}" for a in extra)
     model = gpu_check.build_model(out / "models" / f"tiny-{env_id.split('/')[-1]}", "tiny", [env_id], on_gpu=False)
@@ -93,5 +85,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(ROOT))
     raise SystemExit(main())

@@ -545,7 +545,6 @@ def child(peak_file: str, script: str, argv: list[str]) -> None:
 
     atexit.register(record)
     sys.argv = [script, *argv]
-    sys.path.insert(0, str(Path(script).parent))
     runpy.run_path(script, run_name="__main__")
 
 
@@ -555,5 +554,4 @@ if __name__ == "__main__":
     else:
         import tyro
 
-        sys.path.insert(0, str(ROOT))
         raise SystemExit(main(tyro.cli(Args)))

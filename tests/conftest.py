@@ -37,6 +37,17 @@ def load_script(name: str):
         spec.loader.exec_module(module)
     return sys.modules[module_name]
 
+def load_benchmark(name: str):
+    """``benchmarks/<name>.py`` as a module named ``name`` (a benchmark run as a script imports its siblings by that
+    name, so a test shares the module object with them)."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, ALGOS.parent / "benchmarks" / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # dataclasses resolve their module through sys.modules
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
 #: Skip marker for machines without the accelerate CLI.
 needs_accelerate = pytest.mark.skipif(shutil.which("accelerate") is None and not ACCELERATE.exists(),
                                       reason="accelerate CLI not found")

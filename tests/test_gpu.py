@@ -6,31 +6,18 @@ responses to one prompt holds distinct responses, and every iteration logs its t
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
 import pytest
 import torch
+from conftest import load_benchmark
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_check.py"
-
-
-def load_gpu_check():
-    if "gpu_check" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["gpu_check"] = module  # dataclasses resolve their module through sys.modules
-        spec.loader.exec_module(module)
-    return sys.modules["gpu_check"]
 
 
 @pytest.fixture(scope="module")
 def context(tmp_path_factory):
-    gpu_check = load_gpu_check()
+    gpu_check = load_benchmark("gpu_check")
     return gpu_check.Context(gpu_check.Args(out=tmp_path_factory.mktemp("gpu")), on_gpu=True)
 
 
@@ -38,7 +25,7 @@ def context(tmp_path_factory):
 @pytest.mark.parametrize("env_id", ["ARL/Sokoban-v0", "ARL/WebShop-v0"])
 @pytest.mark.parametrize("script", ["grpo", "sampo"])
 def test_recipe_runs_resumes_and_samples_distinct_responses(context, script, env_id):
-    gpu_check = load_gpu_check()
+    gpu_check = load_benchmark("gpu_check")
     record = gpu_check.check_run(context, script, env_id, timeout=600)  # raises on a failed check
     assert record["checks"] == {"iterations": True, "finite_loss_and_grad_norm": True, "checkpoint_written": True,
                                 "resume_continues": True}

@@ -4,7 +4,6 @@ report is rewritten after every stage, a spent budget skips what is left."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -13,20 +12,15 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
 
 
-def load_gpu_check():
-    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_check"] = module  # dataclasses resolve their module through sys.modules
-    spec.loader.exec_module(module)
-    return module
 
 
-gpu_check = load_gpu_check()
+gpu_check = load_benchmark("gpu_check")
 
 
 @pytest.mark.slow
