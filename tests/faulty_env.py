@@ -32,10 +32,10 @@ class FaultyEnv(gym.Wrapper):
             return False
         once = os.environ.get("ARL_FAULT_ONCE")
         if once:
-            marker = Path(once) / str(self.seed)
-            if marker.exists():
+            try:  # atomic: of the episodes racing in several workers, exactly one fails
+                os.close(os.open(Path(once) / str(self.seed), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            except FileExistsError:
                 return False
-            marker.touch()
         return True
 
     def _fault(self) -> None:
