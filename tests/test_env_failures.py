@@ -11,7 +11,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-import faulty_env  # noqa: F401  (registers Faulty-v0)
+import faulty_env  # registers Faulty-v0
 import numpy as np
 import pytest
 
@@ -62,13 +62,15 @@ def fault(monkeypatch, tmp_path):
     return set_fault
 
 
-def make_faulty(split: str = "train"):
-    return wrappers.make_env("faulty_env:Faulty-v0", history_length=0, prompt_style="compact", split=split)
+def make_faulty(split: str = "train", fault: dict[str, str] | None = None):
+    return wrappers.make_env("faulty_env:Faulty-v0", history_length=0, prompt_style="compact", split=split,
+                             fault=fault)
 
 
 def collect(tokenizer, workers: int = 0, timeout: float | None = None):
-    runner = (EnvPool(functools.partial(make_faulty), len(SEEDS) * GROUP_SIZE, workers=workers, timeout=timeout)
-              if workers else LocalEnvs(make_faulty))
+    make = functools.partial(make_faulty, fault=faulty_env.fault_settings())  # this test's fault, also in workers
+    runner = (EnvPool(make, len(SEEDS) * GROUP_SIZE, workers=workers, timeout=timeout)
+              if workers else LocalEnvs(make))
     rollout = wrappers.GroupRollout(runner, len(SEEDS), GROUP_SIZE, env_id="faulty_env:Faulty-v0")
     stats: dict[str, float] = defaultdict(float)
     try:
