@@ -20,66 +20,35 @@ Differs from grpo.py only inside ``# ALGO LOGIC`` blocks: ``diff algos/grpo.py a
 from __future__ import annotations
 
 import functools
-import math
 import os
 import time
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
-from typing import Annotated, Any, Literal
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
 
 import numpy as np
 import torch
-import tyro
 
-from arena_train.batching import (
-    fill_old_logp,
-    first_minibatch,
-    lockstep_micro_batches,
-    loss_counts,
-    make_batch,
-    score_rows,
-    sequence_logprobs,
-    update_orders,
-)
-from arena_train.checkpoint import resume_latest, save_checkpoint
-from arena_train.cli import parse_args
-from arena_train.dist import param_sync_error
-from arena_train.logger import MetricsLogger, env_metrics, iteration_metrics
-from arena_train.memory import print_run_plan
-from arena_train.mixture import EnvRatios, FailureStreak, Mixture, MixtureRollout, check_resume
-from arena_train.models import BC_CHECKPOINT, load_policy_and_reference, resolve_policy_path
-from arena_train.monitor import CollapseConfig, CollapseMonitor, checkpoints_to_keep, restore_healthy
-from arena_train.rollout import VAL_TEMPERATURE, VAL_TOP_K, VAL_TOP_P, RolloutConfig, Row
-from arena_train.rollout_is import pooled_mismatch, rollout_correction
-from arena_train.run_dir import prepare_run_dir
-from arena_train.sharding import (
-    make_accelerator,
-    make_rollout_backend,
-    micro_batch_sync,
-    prepare_reference,
-    require_supported,
-    save_final_model,
-)
-from arena_train.threads import default_threads
+from arena_train import cli
+from arena_train.batching import first_minibatch, score_rows, sequence_logprobs, update_orders
+from arena_train.cli import EngineArgs, EvalArgs, RunArgs, flat_args, parse_args
+from arena_train.losses import agg_loss, kl_penalty, masked_mean
+from arena_train.mixture import Mixture
+from arena_train.models import BC_CHECKPOINT, load_policy_and_reference
+from arena_train.monitor import CollapseConfig
+from arena_train.rollout import RolloutConfig
+from arena_train.run import Run
+from arena_train.sharding import prepare_reference
+from arena_train.update import Update
 
 #: ``--profile gpu``: ARLArena's shared recipe (§1.3; BC'd Qwen3-4B, 16 groups x 8, lr 1e-6, mini-batch 256, bf16,
 #: vLLM); --max-turns and --max-prompt-tokens come from the env's registration (``arena_envs.env_recipe``: ALFWorld
-#: 50 turns, WebShop 15 turns and 4,096 prompt tokens). Fields not listed keep the CPU default declared in ``Args``;
-#: flags given on the command line always win.
+#: 50 turns, WebShop 15 turns and 4,096 prompt tokens). Fields not listed keep the CPU default declared in ``Args``
+#: and its groups (``arena_train.cli``); flags given on the command line always win.
 GPU_PROFILE: dict[str, Any] = dict(
     env_id=["ARL/Sokoban-v0"], model_path="Qwen/Qwen3-4B", num_iterations=200, num_groups=16, history_length=2,
     prompt_style="arlarena", max_response_tokens=512, temperature=1.0, learning_rate=1e-6, mini_batch_size=256,
     micro_batch_size=8, rollout_backend="auto", mixed_precision="bf16", gradient_checkpointing=True, eval_episodes=128)
-#: Loss aggregation modes (ARLArena §3.1); ``--loss-agg`` is the short flag.
-LossAgg = Annotated[Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"],
-                    tyro.conf.arg(aliases=("--loss-agg",))]
-#: Sequence masking switch (ARLArena §3.8); ``--seq-mask`` is the short flag.
-SeqMask = Annotated[bool, tyro.conf.arg(aliases=("--seq-mask",))]
-#: Per-micro-batch metrics that are counts (summed over the iteration), not averages.
-COUNT_METRICS = ("masked_seqs",)
-#: Per-micro-batch metrics that are terms of the loss: each is the micro-batch's share of its mini-batch's value.
-LOSS_METRICS = ("pg_loss", "kl_ref", "entropy", "value_loss")
 
 
 @dataclass
@@ -97,6 +66,8 @@ class Args:
     """sampling weight of each --env-id (default: equal); 0 = evaluated, never trained on"""
     model_path: str = BC_CHECKPOINT
     """HF hub id or local folder ('tiny', 'smollm2' = offline models from arena_models); default: algos/sft.py's"""
+    seed: int = 1
+    """seed of everything (tasks, sampling, init)"""
     num_iterations: int = 30
     """number of rollout + update iterations"""
     num_groups: int = 8
@@ -119,139 +90,38 @@ class Args:
     """sampling temperature of training rollouts (log-probs use the same temperature)"""
     top_p: float = 1.0
     """nucleus sampling of training rollouts"""
+    format_penalty: float = 0.1
+    """subtracted from a row's score when its format or action is invalid"""
     learning_rate: float = 1e-4
     """AdamW learning rate (constant)"""
     weight_decay: float = 0.01
     """AdamW weight decay"""
     max_grad_norm: float = 1.0
     """gradient clipping threshold (total norm)"""
+    mini_batch_size: int = 128
+    """rows per optimizer step (per process)"""
+    update_epochs: int = 1
+    """passes over each rollout batch"""
     kl_coef: float = 0.01
     """coefficient of the KL-to-reference loss (0 = logged only)"""
     kl_estimator: Literal["k1", "k2", "k3", "k1+", "k3+"] = "k3"
     """KL estimator (k3 = low_var_kl; '+' = straight-through with k2 gradient)"""
     entropy_coef: float = 0.001
     """coefficient of the entropy bonus"""
-    format_penalty: float = 0.1
-    """subtracted from a row's score when its format or action is invalid"""
-    mini_batch_size: int = 128
-    """rows per optimizer step (per process)"""
-    micro_batch_size: int = 128
-    """rows per forward/backward pass (gradient accumulation inside a mini-batch)"""
-    micro_batch_tokens: int = 0
-    """also cap a forward/backward pass at this many padded tokens (0 = rows only); rows are sorted by length"""
-    update_epochs: int = 1
-    """passes over each rollout batch"""
-    rollout_backend: Literal["auto", "hf", "vllm"] = "hf"
-    """'auto' (vLLM if importable and on GPU), 'vllm' or 'hf' (transformers generate)"""
-    vllm_gpu_memory_utilization: float = 0.35
-    """GPU memory fraction given to vLLM's engine"""
-    mixed_precision: Literal["no", "bf16", "fp16"] = "no"
-    """Accelerate mixed precision"""
-    gradient_checkpointing: bool = False
-    """trade compute for memory in the update"""
-    lora_rank: int = 0
-    """LoRA rank on every attention/MLP projection (0 = full fine-tuning); the reference is the frozen base"""
-    dry_run: bool = False
-    """print this run's per-GPU memory plan (policy, reference, optimizer, activations, vLLM) and exit"""
-    seed: int = 1
-    """seed of everything (tasks, sampling, init)"""
-    torch_threads: int = 0
-    """CPU threads per process (0 = $OMP_NUM_THREADS if set, else all available cores; 1 on a shared machine)"""
-    output_dir: str = "runs"
-    """runs/<run_name>/ receives metrics.jsonl, TensorBoard events, checkpoints and the final model"""
-    run_name: str | None = None
-    """defaults to <env>__<exp_name>__<seed>"""
-    checkpoint_every: int = 10
-    """save model, optimizer, RNG states every N iterations (0 = only at the end)"""
-    resume: bool = False
-    """continue from the latest checkpoint of run_name (verified against its manifest)"""
-    resume_fallback: bool = False
-    """with --resume: when the newest checkpoint is damaged, resume from the newest intact earlier one"""
-    overwrite: bool = False
-    """delete the run already in output_dir/run_name and start over (without this or --resume it is an error)"""
-    eval_every: int = 10
-    """evaluation on the held-out split every N iterations (0 = never)"""
-    eval_episodes: int = 100
-    """held-out episodes per evaluation"""
-    eval_split: str | None = None
-    """split of the evaluation (default: the env's held-out split, arena_envs.held_out_split; never 'train')"""
-    eval_greedy: bool = False
-    """greedy evaluation instead of ARLArena's validation sampling (eval_temperature, eval_top_p, eval_top_k)"""
-    eval_temperature: float = VAL_TEMPERATURE
-    """sampling temperature of the evaluation"""
-    eval_top_p: float = VAL_TOP_P
-    """nucleus sampling of the evaluation"""
-    eval_top_k: int = VAL_TOP_K
-    """top-k sampling of the evaluation (0 = off)"""
-    track: bool = False
-    """also log to Weights & Biases"""
-    wandb_project: str = "arlarena"
-    """W&B project"""
-    # the in-run collapse alarm (arena_train.monitor, docs/evaluation.md "The in-run alarm")
-    on_collapse: Literal["off", "warn", "stop", "rollback"] = "warn"
-    """off: no monitoring; warn: log the alarm; stop: end the run on its last healthy checkpoint; rollback: go back
-    to that checkpoint with a smaller learning rate (stop once max_rollbacks are used)"""
-    rollback_lr_scale: float = 0.5
-    """each rollback multiplies the learning rate by this"""
-    max_rollbacks: int = 2
-    """rollbacks allowed per run; the next alarm stops the run"""
-    collapse_warmup: int = 5
-    """iterations after the start (or a rollback) in which statistics are collected and nothing but a
-    non-finite value fires"""
-    collapse_success_drop: float = 0.5
-    """success_drop / eval_drop fire when success < this fraction of its running best ..."""
-    collapse_success_window: int = 10
-    """... rollout success averaged over this many iterations (one batch of 64 episodes is too noisy) ..."""
-    collapse_success_patience: int = 3
-    """... for this many consecutive iterations ..."""
-    collapse_success_min_peak: float = 0.2
-    """... once that best is at least this (below it, halving is noise, not a collapse)"""
-    collapse_eval_window: int = 3
-    """held-out success (eval/success_rate) averaged over this many evaluations ..."""
-    collapse_eval_patience: int = 2
-    """... below success_drop x its best for this many consecutive evaluations"""
-    collapse_patience: int = 2
-    """consecutive iterations a grad_spike, entropy, kl_blowup, format_drop, action_drop or mismatch condition
-    must hold (a single outlier batch is clipped and survived)"""
-    collapse_window: int = 50
-    """running medians (grad norm, entropy, KL) use at most this many previous finite values ..."""
-    collapse_min_history: int = 5
-    """... and need this many"""
-    collapse_grad_factor: float = 10.0
-    """grad_spike: gradient norm > this x its running median"""
-    collapse_entropy_factor: float = 4.0
-    """entropy: above this x, or below 1/this x, its running median (explosion or collapse)"""
-    collapse_kl_factor: float = 10.0
-    """kl_blowup: KL to the reference > max(kl_floor, this x its running median)"""
-    collapse_kl_floor: float = 0.1
-    """KL starts near 0, where a ratio alone fires on noise"""
-    collapse_ratio_drop: float = 0.5
-    """format_drop / action_drop: valid-format / valid-action ratio < this x its running best ..."""
-    collapse_ratio_min_peak: float = 0.5
-    """... once that best is at least this (never having the format is not learning it, not a collapse)"""
-    collapse_mismatch_max: float = 0.05
-    """mismatch: mean |p_rollout - p_train| of the sampled tokens (rollout_is/prob_diff_mean) above this"""
-    rollout_precision: Literal["trainer", "bf16"] = "trainer"
-    """the rollout engine's precision: the trainer's own, or bfloat16 (a bf16 copy / vLLM engine fed after every
-    update); another engine's log-probs differ from the trainer's: rollout_is/* logs the gap"""
-    rollout_is: Literal["none", "tis", "mis"] = "none"
-    """rollout/trainer mismatch correction: the trainer rescores every row and weights each token's policy loss by
-    p_train/p_rollout, truncated at the cap (tis) or 0 above it (mis); none: no weights"""
-    rollout_is_cap: float = 2.0
-    """cap (>= 1) of the rollout importance weights"""
-    env_workers: int = -1
-    """env worker processes per env (0 = step the envs in the trainer's process; -1 = auto: one per core, up to one
-    per episode, for the native engines ALFWorld and TextWorld, 0 for the pure-Python envs); same rows either way"""
-    env_step_timeout: float = 300.0
-    """seconds an env step or reset may take in a worker before its episode fails (workers only)"""
-    max_env_failures: int = 5
-    """stop the run after this many consecutive iterations whose env errors dropped a group (0 = never)"""
+    run: RunArgs = field(default_factory=RunArgs)
+    """run folder, resume, logging"""
+    engine: EngineArgs = field(default_factory=EngineArgs)
+    """rollout engine, precision, memory, env workers"""
+    eval: EvalArgs = field(default_factory=EvalArgs)
+    """held-out evaluation"""
+    collapse: CollapseConfig = field(default_factory=CollapseConfig)
+    """the in-run collapse alarm (arena_train.monitor, docs/evaluation.md "The in-run alarm")"""
     # ALGO LOGIC: algorithm hyper-parameters
     clip_ratio_low: float = 3e-3
     """clip epsilon of the sequence ratio below 1 (ARLArena: 3e-3 ALFWorld, 3e-2 WebShop, 3e-4 math)"""
     clip_ratio_high: float = 4e-3
     """clip epsilon of the sequence ratio above 1 (ARLArena: 4e-3 ALFWorld, 4e-2 WebShop, 4e-4 math)"""
-    loss_agg_mode: LossAgg = "seq-mean-token-mean"
+    loss_agg_mode: cli.LossAgg = "seq-mean-token-mean"
     """aggregation of the KL and entropy terms (the GSPO loss itself is always seq-mean-token-mean)"""
     gamma: float = 0.95
     """discount of the GiGPO step returns"""
@@ -275,61 +145,6 @@ class Args:
                     "trajectory row has one anchor per episode (its step advantage would repeat the episode's)")
         return None
     # END ALGO LOGIC
-
-
-# ---------------------------------------------------------------------------------------------
-# Loss math every method shares. B = rows, T = padded response length. Masks are 0/1 floats.
-# ---------------------------------------------------------------------------------------------
-def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean of x over entries where mask is 1 (0 if the mask is empty)."""
-    return (x * mask).sum() / mask.sum().clamp(min=1.0)
-
-
-def agg_loss(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str,
-             counts: dict[str, float] | None = None) -> torch.Tensor:
-    """Aggregate a (B, T) per-token loss to a scalar (ARLArena §3.1).
-
-    token-mean: sum / #tokens; seq-mean-token-mean: sum of row means / #non-empty rows; seq-mean-token-sum:
-    sum / #rows; seq-mean-token-sum-norm (Dr.GRPO): sum / (#rows * L_max), L_max a constant length.
-    ``counts`` holds those denominators for the whole mini-batch on all processes (``loss_counts``), so that a
-    micro-batch's value is its share of the mini-batch's loss; None = this batch is the whole mini-batch
-    (L_max = its padded length T).
-    """
-    loss_mat = torch.where(mask > 0, loss_mat, torch.zeros_like(loss_mat))  # masked inf/nan must not leak
-    row_len = mask.sum(-1)  # (B,)
-    if counts is None:
-        counts = {"tokens": float(mask.sum()), "rows": float(mask.shape[0]),
-                  "nonempty_rows": float((row_len > 0).sum()), "max_len": float(mask.shape[-1])}
-    if mode == "token-mean":
-        return loss_mat.sum() / max(counts["tokens"], 1.0)
-    if mode == "seq-mean-token-mean":
-        return (loss_mat.sum(-1) / row_len.clamp(min=1.0)).sum() / max(counts["nonempty_rows"], 1.0)
-    if mode == "seq-mean-token-sum":
-        return loss_mat.sum() / max(counts["rows"], 1.0)
-    if mode == "seq-mean-token-sum-norm":
-        return loss_mat.sum() / (max(counts["rows"], 1.0) * counts["max_len"])
-    raise ValueError(f"unknown loss_agg_mode {mode!r}")
-
-
-def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str) -> torch.Tensor:
-    """Per-token KL estimate (B, T) between the policy and the reference (ARLArena §6.1).
-
-    k1 = l - l_ref; k2 = (l - l_ref)^2 / 2; k3 = e^x - x - 1 with x = l_ref - l (clamped);
-    a trailing '+' keeps the forward value of the estimator but uses k2's gradient.
-    """
-    if kind.endswith("+"):
-        value = kl_penalty(logp, ref_logp, kind[:-1])
-        k2 = kl_penalty(logp, ref_logp, "k2")
-        return k2 + (value - k2).detach()
-    diff = logp - ref_logp
-    if kind == "k1":
-        return diff
-    if kind == "k2":
-        return 0.5 * diff.square()
-    if kind == "k3":
-        x = torch.clamp(-diff, -20.0, 20.0)
-        return torch.clamp(torch.exp(x) - x - 1.0, -10.0, 10.0)
-    raise ValueError(f"unknown KL estimator {kind!r}")
 
 
 # ALGO LOGIC: advantage estimators and dynamic sampling
@@ -432,7 +247,7 @@ def select_groups(group_returns: list[list[float]], capacity: int, fill: bool) -
     return kept
 
 
-def dynamic_sample(rollout, n_groups: int, max_tries: int) -> tuple[list[Row], list[Any], dict[str, float]]:
+def dynamic_sample(rollout, n_groups: int, max_tries: int) -> tuple[list, list[Any], dict[str, float]]:
     """Dynamic sampling (ARLArena §5.1): call ``rollout(attempt) -> (rows, episodes)`` up to ``max_tries``
     times, keeping whole groups with non-constant episode env returns until ``n_groups`` are kept; the
     last try fills up with all-equal groups. Group ids must be unique across attempts.
@@ -440,7 +255,7 @@ def dynamic_sample(rollout, n_groups: int, max_tries: int) -> tuple[list[Row], l
     Returns the kept rows (rollout order), every episode rolled out (for unbiased rollout metrics) and
     counts: gen_batches, kept_groups, informative_groups (over all tries).
     """
-    rows: list[Row] = []
+    rows: list = []
     episodes: list[Any] = []
     kept = informative = 0
     for attempt in range(max_tries):
@@ -493,81 +308,45 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
 
 
 def main(args: Args) -> None:
-    from accelerate.utils import set_seed
-    from tqdm.auto import tqdm
-    from transformers.utils import logging as hf_logging
-
     import wrappers
 
-    mixture = Mixture.parse(args.env_id, args.env_weights)
-    if args.run_name is None:
-        args.run_name = f"{mixture.label}__{args.exp_name}__{args.seed}"
-    torch.set_num_threads(default_threads(args.torch_threads))  # before any vLLM engine: later calls are no-ops
-    hf_logging.disable_progress_bar()
-    if args.dry_run:  # the plan needs the model's shape only: Qwen3 names are known without a download
-        raise SystemExit(print_run_plan(
-            args.model_path, micro_batch_size=args.micro_batch_size, lora_rank=args.lora_rank,
-            max_prompt_tokens=args.max_prompt_tokens, max_response_tokens=args.max_response_tokens,
-            gradient_checkpointing=args.gradient_checkpointing, rollout_backend=args.rollout_backend,
-            vllm_share=args.vllm_gpu_memory_utilization, mixed_precision=args.mixed_precision))
-    model_path = resolve_policy_path(args.model_path)
-    accelerator = make_accelerator(args.mixed_precision)  # FSDP2 also on CPU-only machines (tests)
-    rank, world, device = accelerator.process_index, accelerator.num_processes, accelerator.device
-    if args.num_groups % world or args.eval_episodes % world:
-        raise SystemExit(f"--num-groups and --eval-episodes must be multiples of the {world} processes")
-    set_seed(args.seed + rank)
-    run_dir = Path(args.output_dir) / args.run_name
-    prepare_run_dir(accelerator, run_dir, args.resume, args.overwrite)
-
-    dtype = torch.bfloat16 if args.mixed_precision == "bf16" and torch.cuda.is_available() else torch.float32
-    require_supported(accelerator, args.lora_rank)
-    policy, ref_model, tokenizer = load_policy_and_reference(model_path, dtype, lora_rank=args.lora_rank,
-                                                             gradient_checkpointing=args.gradient_checkpointing)
+    run = Run.start(  # threads, seeds, accelerator, run folder (--resume, --overwrite); --dry-run exits here
+        args.run, args.engine, args.eval, Mixture.parse(args.env_id, args.env_weights), exp_name=args.exp_name,
+        seed=args.seed, model_path=args.model_path, num_groups=args.num_groups,
+        max_prompt_tokens=args.max_prompt_tokens, max_response_tokens=args.max_response_tokens)
+    accelerator, rank, world, mixture = run.accelerator, run.rank, run.world, run.mixture
+    device = accelerator.device
+    policy, ref_model, tokenizer = load_policy_and_reference(
+        run.model_path, run.dtype, lora_rank=args.engine.lora_rank,
+        gradient_checkpointing=args.engine.gradient_checkpointing)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=args.learning_rate, weight_decay=args.weight_decay)
     # ALGO LOGIC: extra models and optimizers (defines `extra_models`, trained beside the policy; none for GRPO)
     extra_models: list[torch.nn.Module] = []
     # END ALGO LOGIC
     policy, optimizer = accelerator.prepare(policy, optimizer)
     ref_model = prepare_reference(accelerator, ref_model, policy)  # sharded like the policy; LoRA: the base
-
-    backend = make_rollout_backend(  # vLLM, or transformers generate (sharded: an unsharded copy fed from shards)
-        args.rollout_backend, accelerator, policy, tokenizer, model_path, dtype, seed=args.seed + rank,
-        max_model_len=args.max_prompt_tokens + args.max_response_tokens, mixed_precision=args.mixed_precision,
-        max_num_seqs=max(args.num_groups // world * args.group_size, args.eval_episodes // world),
-        gpu_memory_utilization=args.vllm_gpu_memory_utilization, precision=args.rollout_precision)
-    monitor = CollapseMonitor(CollapseConfig.from_flags(asdict(args)))  # its state travels in every checkpoint
-    accelerator.register_for_checkpointing(monitor)
-    keep = checkpoints_to_keep(monitor.config, args.checkpoint_every)  # a healthy one survives until an alarm
-    if args.resume:  # before the logger rewrites args.json, the record of the run's mixture
-        check_resume(accelerator, run_dir, mixture)
-    start_iteration = 1 + (resume_latest(accelerator, run_dir, args.resume_fallback) if args.resume else 0)
+    backend = run.rollout_backend(policy, tokenizer, max_model_len=args.max_prompt_tokens + args.max_response_tokens,
+                                  max_num_seqs=max(args.num_groups // world * args.group_size,
+                                                   args.eval.eval_episodes // world))
+    run.resume(args.collapse, optimizer, flat_args(args))  # the alarm, checkpoint 0 or the resumed one, the logger
     push_metrics = backend.push(accelerator.unwrap_model(policy))
-    logger = MetricsLogger(run_dir, start_iteration, args.wandb_project if args.track else None, args.run_name,
-                           {**asdict(args), "world_size": world}) if accelerator.is_main_process else None
-    if start_iteration == 1 and monitor.config.on_collapse in ("stop", "rollback"):  # the start weights: the first
-        monitor.checkpointed(0)  # healthy checkpoint, for a collapse in the first iterations
-        save_checkpoint(accelerator, run_dir, 0, keep)
-
-    # a partial of wrappers.make_env pickles: env worker processes (--env-workers) build their envs with it
-    make_env = functools.partial(wrappers.make_env, history_length=args.history_length,
-                                 format_penalty=args.format_penalty, prompt_style=args.prompt_style)
-
-    # every env's groups and held-out episodes (the held-out split: rollout and eval tasks must not meet)
-    rollouts = MixtureRollout(mixture, make_env, args.num_groups // world, args.group_size,
-                              max(args.eval_episodes // world, 1), args.eval_split,
-                              env_workers=args.env_workers, step_timeout=args.env_step_timeout)
     sampling = RolloutConfig(max_turns=args.max_turns, max_prompt_tokens=args.max_prompt_tokens,
                              max_response_tokens=args.max_response_tokens, temperature=args.temperature,
                              top_p=args.top_p, row_layout=args.row_layout)
-    rollouts.require_prompts_fit(tokenizer, sampling, seed=args.seed)
-    env_failures, env_failure = FailureStreak(args.max_env_failures, rollouts), None
-    evaluation = replace(sampling, temperature=args.eval_temperature, top_p=args.eval_top_p, top_k=args.eval_top_k)
+    evaluation = replace(sampling, temperature=args.eval.eval_temperature, top_p=args.eval.eval_top_p,
+                         top_k=args.eval.eval_top_k)
+    rollouts = run.rollouts(  # a partial of wrappers.make_env pickles: env workers build their envs with it
+        functools.partial(wrappers.make_env, history_length=args.history_length, format_penalty=args.format_penalty,
+                          prompt_style=args.prompt_style), args.num_groups, args.group_size, tokenizer, sampling)
     pad_id = tokenizer.pad_token_id
-    # Dr.GRPO's constant length: the most policy tokens a row can hold
-    max_len = args.max_response_tokens * (args.max_turns if args.row_layout == "trajectory" else 1)
+    update = Update(  # Dr.GRPO's constant length max_len: the most policy tokens a row can hold
+        accelerator, micro_batch_size=args.engine.micro_batch_size, micro_batch_tokens=args.engine.micro_batch_tokens,
+        pad_id=pad_id, max_len=args.max_response_tokens * (args.max_turns if args.row_layout == "trajectory" else 1),
+        rollout_is=args.engine.rollout_is, rollout_is_cap=args.engine.rollout_is_cap,
+        other_engine=not backend.score_rollouts, env_names=mixture.names,
+        clip=(args.clip_ratio_low, args.clip_ratio_high))
 
-    for iteration in tqdm(range(start_iteration, args.num_iterations + 1), disable=not accelerator.is_main_process,
-                          initial=start_iteration - 1, total=args.num_iterations, desc=args.exp_name):
+    for iteration in run.iterations(args.num_iterations):
         # ---- rollout: rows of whole episodes, their old-policy and reference log-probs, advantages ------------
         t_rollout = time.perf_counter()
         stats: dict[str, float] = defaultdict(float)
@@ -586,10 +365,10 @@ def main(args: Args) -> None:
         n_minibatches, orders = update_orders(accelerator, len(rows), args.mini_batch_size, args.update_epochs,
                                               seed=args.seed * 1_000_003 + iteration * 101 + rank)
         # the first mini-batch's forward comes before any optimizer step: it gives its rows' old log-probs itself
-        score_rows(policy, ref_model, rows, micro_batch_size=args.micro_batch_size, temperature=args.temperature,
-                   pad_id=pad_id, device=device, stats=stats, skip_policy=first_minibatch(orders, n_minibatches),
-                   micro_batch_tokens=args.micro_batch_tokens,
-                   use_rollout_logp=args.rollout_is == "none" and backend.score_rollouts)
+        score_rows(policy, ref_model, rows, micro_batch_size=args.engine.micro_batch_size,
+                   micro_batch_tokens=args.engine.micro_batch_tokens, temperature=args.temperature, pad_id=pad_id,
+                   device=device, stats=stats, skip_policy=first_minibatch(orders, n_minibatches),
+                   use_rollout_logp=args.engine.rollout_is == "none" and backend.score_rollouts)
         # ALGO LOGIC: scores and advantages of the rows (into `row.advantage`)
         advantages, step_adv = gigpo_advantages(
             np.array([r.env_return - r.format_penalty for r in rows]), np.array([r.step_reward for r in rows]),
@@ -604,89 +383,49 @@ def main(args: Args) -> None:
         # END ALGO LOGIC
         t_rollout = time.perf_counter() - t_rollout
 
-        # ---- update --------------------------------------------------------------------------
+        # ---- update: one optimizer step per mini-batch, gradients accumulated over its micro-batches ----------
         t_update = time.perf_counter()
         backend.sleep()
         policy.train()
-        sums: dict[str, list[float]] = defaultdict(list)
-        grad_norms, skipped, update_tokens = [], 0, 0
-        mismatch: dict[str, list[float]] = defaultdict(list)
-        env_ratios = EnvRatios()
-        for order in orders:
-            for mb_index in np.array_split(np.array(order, dtype=np.int64), n_minibatches):
-                mb_rows: list[Row] = [rows[j] for j in mb_index]  # may be empty here: this process still joins
-                # as many micro-batches and forward calls on every process (padding micro-batches are empty)
-                micro_batches, share_prefix = lockstep_micro_batches(accelerator, mb_rows, args.micro_batch_size,
-                                                                     args.micro_batch_tokens)
-                # one normaliser per optimizer step: the whole mini-batch on all processes (loss_counts)
-                counts = loss_counts(accelerator, mb_rows, max_len)
-                # ALGO LOGIC: the policy loss's normaliser `pg_counts` (no sequence masking in GSPO)
-                pg_counts = counts
-                # END ALGO LOGIC
-                optimizer.zero_grad(set_to_none=True)
-                non_finite = 0.0
-                loss_terms: dict[str, float] = defaultdict(float)
-                for k, (micro_rows, share) in enumerate(zip(micro_batches, share_prefix)):
-                    batch_rows = micro_rows or micro_batches[0] or rows[:1]  # padding: a real batch, weight 0
-                    batch = make_batch(batch_rows, pad_id, device, share_prefix=share)
-                    sync = micro_batch_sync(accelerator, [policy, *extra_models], last=k == len(micro_batches) - 1)
-                    with sync, accelerator.autocast():
-                        logp, entropy = sequence_logprobs(policy, batch, args.temperature)
-                        fill_old_logp(batch, logp, micro_rows)  # the first mini-batch's rows (not scored)
-                        mask = batch["mask"]
-                        # rollout/trainer correction: per-token weights of the policy loss (None: off)
-                        is_weights, batch_mismatch = rollout_correction(
-                            batch, mask, args.rollout_is, args.rollout_is_cap, not backend.score_rollouts)
-                        for key, value in batch_mismatch.items() if micro_rows else ():
-                            mismatch[key].append(value)
-                        # ALGO LOGIC: loss of one micro-batch (defines `loss` and `metrics`)
-                        pg_loss, metrics = policy_loss(logp, batch["old_logp"], batch["advantages"], mask,
-                                                       clip_low=args.clip_ratio_low, clip_high=args.clip_ratio_high,
-                                                       counts=pg_counts,
-                            is_weights=is_weights)
-                        kl_ref = agg_loss(kl_penalty(logp, batch["ref_logp"], args.kl_estimator), mask,
-                                          args.loss_agg_mode, counts)
-                        entropy_bonus = agg_loss(entropy, mask, args.loss_agg_mode, counts)
-                        loss = pg_loss + args.kl_coef * kl_ref - args.entropy_coef * entropy_bonus
-                        metrics.update(pg_loss=pg_loss.detach(), kl_ref=kl_ref.detach(),
-                                       entropy=entropy_bonus.detach())
-                        # END ALGO LOGIC
-                        # DDP averages gradients over processes; the losses are shares of the global sum
-                        accelerator.backward(loss * (world if micro_rows else 0.0))
-                    non_finite += float(not torch.isfinite(loss).item())
-                    update_tokens += int(batch["attention_mask"].sum()) if micro_rows else 0
-                    if len(mixture.env_ids) > 1 and micro_rows:  # each env's importance ratios apart (env/<name>/*)
-                        env_ratios.add(micro_rows, logp, batch["old_logp"], mask, args.clip_ratio_low,
-                                       args.clip_ratio_high)
-                    for key, value in metrics.items():
-                        if key in LOSS_METRICS:  # every process logs every term, 0 for its padding
-                            loss_terms[key] += float(value) if micro_rows else 0.0
-                        elif micro_rows:
-                            sums[key].append(float(value))
-                for key, value in loss_terms.items():  # this process's share of the mini-batch's loss
-                    sums[key].append(value * world)
-                grad_norm = float(accelerator.clip_grad_norm_(policy.parameters(), args.max_grad_norm))
-                non_finite = accelerator.reduce(torch.tensor(non_finite, device=device), reduction="sum").item()
-                if non_finite > 0 or not math.isfinite(grad_norm):
-                    optimizer.zero_grad(set_to_none=True)  # skip: a bad batch must not poison the weights
-                    skipped += 1
-                else:
-                    optimizer.step()
-                    grad_norms.append(grad_norm)
+        for mb in update.minibatches(rows, orders, n_minibatches):
+            # ALGO LOGIC: the policy loss's normaliser `pg_counts` (no sequence masking in GSPO)
+            pg_counts = mb.counts
+            # END ALGO LOGIC
+            optimizer.zero_grad(set_to_none=True)
+            for micro in mb:  # the same number of passes on every process (padding passes weigh 0)
+                batch, counts = micro.batch, mb.counts
+                with micro.sync([policy, *extra_models]), accelerator.autocast():
+                    logp, entropy = sequence_logprobs(policy, batch, args.temperature)
+                    micro.fill_old_logp(logp)  # the first mini-batch's rows (not scored)
+                    mask = batch["mask"]
+                    is_weights = mb.rollout_weights(micro)  # rollout/trainer correction (None: off)
+                    # ALGO LOGIC: loss of one micro-batch (defines `loss` and `metrics`)
+                    pg_loss, metrics = policy_loss(logp, batch["old_logp"], batch["advantages"], mask,
+                                                   clip_low=args.clip_ratio_low, clip_high=args.clip_ratio_high,
+                                                   counts=pg_counts,
+                        is_weights=is_weights)
+                    kl_ref = agg_loss(kl_penalty(logp, batch["ref_logp"], args.kl_estimator), mask,
+                                      args.loss_agg_mode, counts)
+                    entropy_bonus = agg_loss(entropy, mask, args.loss_agg_mode, counts)
+                    loss = pg_loss + args.kl_coef * kl_ref - args.entropy_coef * entropy_bonus
+                    metrics.update(pg_loss=pg_loss.detach(), kl_ref=kl_ref.detach(),
+                                   entropy=entropy_bonus.detach())
+                    # END ALGO LOGIC
+                    accelerator.backward(loss * micro.weight)  # the losses are shares of the global sum
+                mb.record(micro, loss, metrics, logp)
+            grad_norm = float(accelerator.clip_grad_norm_(policy.parameters(), args.max_grad_norm))
+            if mb.step_ok(grad_norm):  # every process's loss and the gradient norm are finite
+                optimizer.step()
+            else:
+                optimizer.zero_grad(set_to_none=True)  # skip: a bad batch must not poison the weights
         policy.eval()
         backend.wake()
         push_metrics = backend.push(accelerator.unwrap_model(policy))  # the rollout engine gets the new weights
         t_update = time.perf_counter() - t_update
 
-        # ---- log, evaluate, checkpoint -------------------------------------------------------
-        metrics_out = iteration_metrics(accelerator, episodes=episodes, rows=rows, stats=stats, actor_sums=sums,
-                                        grad_norms=grad_norms, skipped=skipped, update_tokens=update_tokens,
-                                        t_rollout=t_rollout, t_update=t_update, count_keys=COUNT_METRICS)
-        if len(mixture.env_ids) > 1:  # env/<name>/*: every env of the mixture apart
-            metrics_out.update(env_metrics(accelerator, mixture.names, episodes=episodes, rows=rows))
-            metrics_out.update(env_ratios.metrics(accelerator, mixture.names))
-        metrics_out.update(push_metrics)
-        metrics_out.update(pooled_mismatch(accelerator, mismatch))  # every process holds rows, so values
+        # ---- metrics, evaluation, alarm and log, checkpoint ---------------------------------------------------
+        metrics_out = update.metrics(episodes=episodes, stats=stats, t_rollout=t_rollout, t_update=t_update,
+                                     push=push_metrics)
         # ALGO LOGIC: method-specific metrics into metrics_out (none for GRPO)
         from arena_train.dist import global_mean, global_sum
         metrics_out["rollout/gen_batches"] = global_mean(accelerator, [stats["gen_batches"]])
@@ -695,42 +434,18 @@ def main(args: Args) -> None:
         metrics_out["rollout/step_adv_abs"] = global_mean(accelerator, [stats["step_adv_abs"]])
         metrics_out["rollout/grouped_step_ratio"] = global_mean(accelerator, [stats["grouped_step_ratio"]])
         # END ALGO LOGIC
-        if args.eval_every > 0 and (iteration % args.eval_every == 0 or iteration == args.num_iterations):
-            metrics_out.update(rollouts.evaluate(accelerator, backend, tokenizer, evaluation, args.eval_episodes,
-                                                 rank, world, greedy=args.eval_greedy))
-        step = monitor.update(iteration, metrics_out)  # collapse signals; pooled metrics: one decision everywhere
-        metrics_out.update(step.metrics)
-        if step.message:
-            accelerator.print(step.message)
-        if logger is not None:
-            logger.log(iteration, metrics_out)
-        env_failure = env_failures.update(metrics_out)
-        if env_failure is not None:  # the env keeps failing: stop on the last checkpoint
+        if run.eval_due(iteration):
+            metrics_out.update(rollouts.evaluate(accelerator, backend, tokenizer, evaluation, args.eval.eval_episodes,
+                                                 rank, world, greedy=args.eval.eval_greedy))
+        action = run.log(iteration, metrics_out)  # the alarm, the logger, the env-failure streak
+        if action == "stop":  # the alarm or failing envs end the run on its last (healthy) checkpoint
             break
-        if step.decision.action in ("stop", "rollback"):  # back to the last healthy checkpoint, saved as this one
-            restored = restore_healthy(accelerator, run_dir, monitor, step.decision, iteration, optimizer, keep)
-            if step.decision.action == "stop" or restored is None:
-                break
+        if action == "rollback":  # the last healthy checkpoint is back, saved as this iteration's
             push_metrics = backend.push(accelerator.unwrap_model(policy))
             continue
-        if (args.checkpoint_every > 0 and iteration % args.checkpoint_every == 0) or iteration == args.num_iterations:
-            monitor.checkpointed(iteration)
-            save_checkpoint(accelerator, run_dir, iteration, keep)
+        run.checkpoint(iteration)
 
-    rollouts.close()  # the env workers end here (and with the process on any other way out)
-    if env_failure is not None:
-        backend.close()
-        raise SystemExit(env_failure if accelerator.is_main_process else 1)
-
-    # ---- final model (a normal HF folder) and a cross-rank consistency check -----------------
-    sync_error = param_sync_error(accelerator, policy)
-    final = save_final_model(accelerator, policy, tokenizer, run_dir / "final")  # every process joins the gather
-    if accelerator.is_main_process:
-        logger.close(summary={"world_size": world, "param_sync_error": sync_error, "final_model": str(final),
-                              **monitor.summary()})
-        accelerator.print(f"done: metrics in {run_dir / 'metrics.jsonl'}, model in {final}")
-    backend.close()  # vLLM: after the last collective, before the process group ends
-    accelerator.end_training()
+    run.finish(policy, tokenizer, backend, rollouts)  # final model, cross-process consistency check, summary
 
 
 if __name__ == "__main__":

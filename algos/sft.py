@@ -38,8 +38,7 @@ from arena_train.cli import parse_args, range_problem
 from arena_train.mixture import Mixture
 from arena_train.models import BC_CHECKPOINT, model_path_problem
 from arena_train.rollout import RolloutConfig
-from arena_train.run_dir import clear_run, run_dir_problem
-from arena_train.threads import default_threads
+from arena_train.run import clear_run, default_threads, run_dir_problem
 
 #: The files of a finished ``sft.py`` run: a new one in the same folder needs ``--overwrite``.
 SFT_ENTRIES = ("config.json", "model.safetensors", "sft_metrics.jsonl", "sft_summary.json")

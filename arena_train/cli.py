@@ -1,6 +1,14 @@
-"""Command-line parsing with a profile: every ``Args`` field declares its CPU default on its own line, and
-``--profile gpu`` swaps in the values of the script's visible ``GPU_PROFILE`` table, then the chosen env's turn
-limit and prompt length (``arena_envs.env_recipe``) for the fields the table leaves out. Flags always win.
+"""The training scripts' command line: the flag groups every script shares, and parsing with a profile.
+
+A script's ``Args`` holds the recipe (env, model, batch, optimisation, loss) and the method's own fields; the
+rest comes in groups declared here — ``RunArgs`` (run folder, resume, logging), ``EngineArgs`` (rollout engine,
+precision, memory, env workers) and ``EvalArgs`` (held-out evaluation) — and the collapse alarm's
+``arena_train.monitor.CollapseConfig``. The groups add no prefix, so a flag is the same wherever its field lives
+(``--eval-every``, ``--collapse-warmup``); ``flat_args`` gives the flat field names of ``args.json``.
+
+Every field declares its CPU default on its own line, and ``--profile gpu`` swaps in the values of the script's
+visible ``GPU_PROFILE`` table (flat names), then the chosen env's turn limit and prompt length
+(``arena_envs.env_recipe``) for the fields the table leaves out. Flags always win.
 
 Parsed values are checked before anything heavy starts, so a mistake costs one line that says what to do, not a
 traceback minutes later: value ranges (``RANGES``), the env id (registered, its extra installed) and the vLLM extra.
@@ -11,11 +19,139 @@ from __future__ import annotations
 import dataclasses
 import shlex
 import sys
-from typing import Any, Sequence, TypeVar
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Annotated, Any, Literal, Sequence, TypeVar
 
 import tyro
 
+from arena_train.monitor import CollapseConfig
+from arena_train.rollout import VAL_TEMPERATURE, VAL_TOP_K, VAL_TOP_P
+
 T = TypeVar("T")
+
+#: Loss aggregation modes (ARLArena §3.1); ``--loss-agg`` is the short flag.
+LossAgg = Annotated[Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"],
+                    tyro.conf.arg(aliases=("--loss-agg",))]
+#: Sequence masking switch (ARLArena §3.8); ``--seq-mask`` is the short flag.
+SeqMask = Annotated[bool, tyro.conf.arg(aliases=("--seq-mask",))]
+
+
+@tyro.conf.configure(tyro.conf.OmitArgPrefixes)  # flags keep their names
+@dataclass
+class RunArgs:
+    """run folder, resume, logging"""
+
+    torch_threads: int = 0
+    """CPU threads per process (0 = $OMP_NUM_THREADS if set, else all available cores; 1 on a shared machine)"""
+    output_dir: str = "runs"
+    """runs/<run_name>/ receives metrics.jsonl, TensorBoard events, checkpoints and the final model"""
+    run_name: str | None = None
+    """defaults to <env>__<exp_name>__<seed>"""
+    checkpoint_every: int = 10
+    """save model, optimizer, RNG states every N iterations (0 = only at the end)"""
+    resume: bool = False
+    """continue from the latest checkpoint of run_name (verified against its manifest)"""
+    resume_fallback: bool = False
+    """with --resume: when the newest checkpoint is damaged, resume from the newest intact earlier one"""
+    overwrite: bool = False
+    """delete the run already in output_dir/run_name and start over (without this or --resume it is an error)"""
+    dry_run: bool = False
+    """print this run's per-GPU memory plan (policy, reference, optimizer, activations, vLLM) and exit"""
+    track: bool = False
+    """also log to Weights & Biases"""
+    wandb_project: str = "arlarena"
+    """W&B project"""
+
+
+@tyro.conf.configure(tyro.conf.OmitArgPrefixes)  # flags keep their names
+@dataclass
+class EngineArgs:
+    """rollout engine, precision, memory, env workers"""
+
+    micro_batch_size: int = 128
+    """rows per forward/backward pass (gradient accumulation inside a mini-batch)"""
+    micro_batch_tokens: int = 0
+    """also cap a forward/backward pass at this many padded tokens (0 = rows only); rows are sorted by length"""
+    rollout_backend: Literal["auto", "hf", "vllm"] = "hf"
+    """'auto' (vLLM if importable and on GPU), 'vllm' or 'hf' (transformers generate)"""
+    vllm_gpu_memory_utilization: float = 0.35
+    """GPU memory fraction given to vLLM's engine"""
+    mixed_precision: Literal["no", "bf16", "fp16"] = "no"
+    """Accelerate mixed precision"""
+    gradient_checkpointing: bool = False
+    """trade compute for memory in the update"""
+    lora_rank: int = 0
+    """LoRA rank on every attention/MLP projection (0 = full fine-tuning); the reference is the frozen base"""
+    rollout_precision: Literal["trainer", "bf16"] = "trainer"
+    """the rollout engine's precision: the trainer's own, or bfloat16 (a bf16 copy / vLLM engine fed after every
+    update); another engine's log-probs differ from the trainer's: rollout_is/* logs the gap"""
+    rollout_is: Literal["none", "tis", "mis"] = "none"
+    """rollout/trainer mismatch correction: the trainer rescores every row and weights each token's policy loss by
+    p_train/p_rollout, truncated at the cap (tis) or 0 above it (mis); none: no weights"""
+    rollout_is_cap: float = 2.0
+    """cap (>= 1) of the rollout importance weights"""
+    env_workers: int = -1
+    """env worker processes per env (0 = step the envs in the trainer's process; -1 = auto: one per core, up to one
+    per episode, for the native engines ALFWorld and TextWorld, 0 for the pure-Python envs); same rows either way"""
+    env_step_timeout: float = 300.0
+    """seconds an env step or reset may take in a worker before its episode fails (workers only)"""
+    max_env_failures: int = 5
+    """stop the run after this many consecutive iterations whose env errors dropped a group (0 = never)"""
+
+
+@tyro.conf.configure(tyro.conf.OmitArgPrefixes)  # flags keep their names
+@dataclass
+class EvalArgs:
+    """held-out evaluation during training"""
+
+    eval_every: int = 10
+    """evaluation on the held-out split every N iterations (0 = never)"""
+    eval_episodes: int = 100
+    """held-out episodes per evaluation"""
+    eval_split: str | None = None
+    """split of the evaluation (default: the env's held-out split, arena_envs.held_out_split; never 'train')"""
+    eval_greedy: bool = False
+    """greedy evaluation instead of ARLArena's validation sampling (eval_temperature, eval_top_p, eval_top_k)"""
+    eval_temperature: float = VAL_TEMPERATURE
+    """sampling temperature of the evaluation"""
+    eval_top_p: float = VAL_TOP_P
+    """nucleus sampling of the evaluation"""
+    eval_top_k: int = VAL_TOP_K
+    """top-k sampling of the evaluation (0 = off)"""
+
+
+def flat_args(args: Any) -> dict[str, Any]:
+    """``args`` as one flat dict of field names, the groups' fields under their own names and the alarm's under
+    their flag names (``collapse_warmup``): the keys ``args.json`` has always had."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(args):
+        value = getattr(args, f.name)
+        if isinstance(value, CollapseConfig):
+            out.update({CollapseConfig.flag_key(k): v for k, v in dataclasses.asdict(value).items()})
+        elif dataclasses.is_dataclass(value):
+            out.update(flat_args(value))
+        else:
+            out[f.name] = value
+    return out
+
+
+def replace_flat(args: T, **values: Any) -> T:
+    """A copy of ``args`` with fields set by their flat names (``flat_args``'s keys), in whichever group they are."""
+    own = {f.name for f in dataclasses.fields(args)}
+    changes = {k: v for k, v in values.items() if k in own}
+    for f in dataclasses.fields(args):
+        sub = getattr(args, f.name)
+        if isinstance(sub, CollapseConfig):
+            keys = {CollapseConfig.flag_key(k): k for k in (g.name for g in dataclasses.fields(sub))}
+            if picked := {keys[k]: v for k, v in values.items() if k in keys}:
+                changes[f.name] = dataclasses.replace(sub, **picked)
+        elif dataclasses.is_dataclass(sub) and (inner := set(flat_args(sub)) & set(values)):
+            changes[f.name] = replace_flat(sub, **{k: values[k] for k in inner})
+    unknown = set(values) - own - set(flat_args(args))
+    if unknown:
+        raise TypeError(f"unknown fields {sorted(unknown)}")
+    return dataclasses.replace(args, **changes)
 
 
 def requested_profile(argv: Sequence[str]) -> str | None:
@@ -62,6 +198,9 @@ def range_problem(args: Any, ranges: dict[str, tuple[float | None, float | None,
 def args_problem(args: Any) -> str | None:
     """The first problem of parsed ``args`` (ranges, flags that need another, env id, the method's own
     ``method_problem()``, requested vLLM) as one message, or None."""
+    method = args
+    if dataclasses.is_dataclass(args):
+        args = SimpleNamespace(**flat_args(args))
     problem = range_problem(args)
     if problem is None and getattr(args, "resume_fallback", False) and not getattr(args, "resume", False):
         problem = "error: --resume-fallback applies to --resume: give both"
@@ -69,17 +208,10 @@ def args_problem(args: Any) -> str | None:
         from arena_train.mixture import mixture_problem
 
         problem = mixture_problem(args.env_id, getattr(args, "env_weights", None))
-    if problem is None and hasattr(args, "on_collapse"):  # the collapse alarm's flags (arena_train.monitor)
-        from arena_train.monitor import CollapseConfig
-
-        try:
-            CollapseConfig.from_flags(vars(args))
-        except ValueError as e:
-            problem = f"error: {e}"
     if problem is None and getattr(args, "rollout_is_cap", 1.0) < 1.0:
         problem = f"error: --rollout-is-cap must be >= 1 (got {args.rollout_is_cap}): an exact match must keep weight 1"
-    if problem is None and hasattr(args, "method_problem"):  # a method's own combinations (its Args block)
-        problem = args.method_problem()
+    if problem is None and hasattr(method, "method_problem"):  # a method's own combinations (its Args block)
+        problem = method.method_problem()
     if problem is None and getattr(args, "rollout_backend", None) == "vllm":
         from arena_train.backends import vllm_available
 
@@ -95,9 +227,8 @@ def parse_args(cls: type[T], gpu_profile: dict[str, Any], argv: Sequence[str] | 
     argv = list(sys.argv[1:] if argv is None else argv)
     default = cls()
     if gpu_profile and requested_profile(argv) == "gpu":
-        default = dataclasses.replace(default, **{"profile": "gpu", **gpu_profile})
-        default = dataclasses.replace(default, **env_defaults(cls, gpu_profile, tyro.cli(cls, default=default,
-                                                                                        args=argv)))
+        default = replace_flat(default, **{"profile": "gpu", **gpu_profile})
+        default = replace_flat(default, **env_defaults(default, gpu_profile, tyro.cli(cls, default=default, args=argv)))
     args = tyro.cli(cls, default=default, args=argv)
     problem = args_problem(args)
     if problem is not None:
@@ -126,14 +257,14 @@ def split_passthrough(argv: Sequence[str], flag: str) -> tuple[list[str], list[s
     return own, [t for part in parts for t in (shlex.split(part[0]) if len(part) == 1 else part)]
 
 
-def env_defaults(cls: type, gpu_profile: dict[str, Any], parsed: Any) -> dict[str, Any]:
-    """The chosen env's recipe (``arena_envs.env_recipe``: turn limit, prompt length) for the fields of ``cls``
-    that the profile table does not set; flags still win, as the caller parses again with these defaults. A
-    mixture (several ids) gets the largest value of its envs' recipes, and each env its own
+def env_defaults(default: Any, gpu_profile: dict[str, Any], parsed: Any) -> dict[str, Any]:
+    """The chosen env's recipe (``arena_envs.env_recipe``: turn limit, prompt length) for the fields of
+    ``default`` (flat names) that the profile table does not set; flags still win, as the caller parses again with
+    these defaults. A mixture (several ids) gets the largest value of its envs' recipes, and each env its own
     (``arena_train.mixture``)."""
     from arena_envs import env_recipe
 
-    names = {f.name for f in dataclasses.fields(cls)}
+    names = set(flat_args(default))
     env_id = getattr(parsed, "env_id", None)
     recipes = [env_recipe(e) for e in ([env_id] if isinstance(env_id, str) else env_id or [])]
     recipe = {k: max(r[k] for r in recipes) for k in recipes[0] if all(k in r for r in recipes)} if recipes else {}

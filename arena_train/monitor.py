@@ -23,7 +23,9 @@ import shutil
 import statistics
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Annotated, Any, Literal, Mapping
+
+import tyro
 
 SUCCESS_KEY = "rollout/success_rate"
 EVAL_SUCCESS_KEY = "eval/success_rate"
@@ -50,6 +52,7 @@ def flag_name(field_name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+@tyro.conf.configure(tyro.conf.OmitArgPrefixes)  # a script's flags: --on-collapse, --collapse-<field>
 @dataclass(frozen=True)
 class CollapseConfig:
     """Alarm thresholds and the action; every field is a script flag (``flag_name``). Defaults fire on none of
@@ -63,41 +66,41 @@ class CollapseConfig:
     """each rollback multiplies the learning rate by this"""
     max_rollbacks: int = 2
     """rollbacks allowed per run; the next alarm stops the run"""
-    warmup: int = 5
+    warmup: Annotated[int, tyro.conf.arg(name="collapse-warmup")] = 5
     """iterations after the start (or a rollback) in which statistics are collected and nothing but a
     non-finite value fires"""
-    success_drop: float = 0.5
+    success_drop: Annotated[float, tyro.conf.arg(name="collapse-success-drop")] = 0.5
     """success_drop / eval_drop fire when success < this fraction of its running best ..."""
-    success_window: int = 10
+    success_window: Annotated[int, tyro.conf.arg(name="collapse-success-window")] = 10
     """... rollout success averaged over this many iterations (one batch of 64 episodes is too noisy) ..."""
-    success_patience: int = 3
+    success_patience: Annotated[int, tyro.conf.arg(name="collapse-success-patience")] = 3
     """... for this many consecutive iterations ..."""
-    success_min_peak: float = 0.2
+    success_min_peak: Annotated[float, tyro.conf.arg(name="collapse-success-min-peak")] = 0.2
     """... once that best is at least this (below it, halving is noise, not a collapse)"""
-    eval_window: int = 3
+    eval_window: Annotated[int, tyro.conf.arg(name="collapse-eval-window")] = 3
     """held-out success (eval/success_rate) averaged over this many evaluations ..."""
-    eval_patience: int = 2
+    eval_patience: Annotated[int, tyro.conf.arg(name="collapse-eval-patience")] = 2
     """... below success_drop x its best for this many consecutive evaluations"""
-    patience: int = 2
+    patience: Annotated[int, tyro.conf.arg(name="collapse-patience")] = 2
     """consecutive iterations a grad_spike, entropy, kl_blowup, format_drop, action_drop or mismatch condition
     must hold (a single outlier batch is clipped and survived)"""
-    window: int = 50
+    window: Annotated[int, tyro.conf.arg(name="collapse-window")] = 50
     """running medians (grad norm, entropy, KL) use at most this many previous finite values ..."""
-    min_history: int = 5
+    min_history: Annotated[int, tyro.conf.arg(name="collapse-min-history")] = 5
     """... and need this many"""
-    grad_factor: float = 10.0
+    grad_factor: Annotated[float, tyro.conf.arg(name="collapse-grad-factor")] = 10.0
     """grad_spike: gradient norm > this x its running median"""
-    entropy_factor: float = 4.0
+    entropy_factor: Annotated[float, tyro.conf.arg(name="collapse-entropy-factor")] = 4.0
     """entropy: above this x, or below 1/this x, its running median (explosion or collapse)"""
-    kl_factor: float = 10.0
+    kl_factor: Annotated[float, tyro.conf.arg(name="collapse-kl-factor")] = 10.0
     """kl_blowup: KL to the reference > max(kl_floor, this x its running median)"""
-    kl_floor: float = 0.1
+    kl_floor: Annotated[float, tyro.conf.arg(name="collapse-kl-floor")] = 0.1
     """KL starts near 0, where a ratio alone fires on noise"""
-    ratio_drop: float = 0.5
+    ratio_drop: Annotated[float, tyro.conf.arg(name="collapse-ratio-drop")] = 0.5
     """format_drop / action_drop: valid-format / valid-action ratio < this x its running best ..."""
-    ratio_min_peak: float = 0.5
+    ratio_min_peak: Annotated[float, tyro.conf.arg(name="collapse-ratio-min-peak")] = 0.5
     """... once that best is at least this (never having the format is not learning it, not a collapse)"""
-    mismatch_max: float = 0.05
+    mismatch_max: Annotated[float, tyro.conf.arg(name="collapse-mismatch-max")] = 0.05
     """mismatch: mean |p_rollout - p_train| of the sampled tokens (rollout_is/prob_diff_mean) above this"""
 
     def __post_init__(self):
@@ -118,6 +121,11 @@ class CollapseConfig:
             need(getattr(self, name) > 1, name, "> 1")
         need(self.mismatch_max > 0, "mismatch_max", "> 0")
         need(self.min_history <= self.window, "min_history", f"<= {flag_name('window')}")
+
+    @staticmethod
+    def flag_key(field_name: str) -> str:
+        """The flat key of a field in a script's ``args.json`` (``warmup`` -> ``collapse_warmup``)."""
+        return flag_name(field_name)[2:].replace("-", "_")
 
     @classmethod
     def from_flags(cls, values: Mapping[str, Any]) -> CollapseConfig:

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from arena_train.threads import default_threads
+from arena_train.run import default_threads
 
 ROOT = Path(__file__).resolve().parents[1]
 GROUPS, GROUP_SIZE, KL, LR, SEED = 8, 8, 0.01, 1e-4, 1

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from arena_train.run_dir import RUN_ENTRIES
+from arena_train.run import RUN_ENTRIES
 from eval.runlog import METRICS_FILE, SWEEP_META_FILE, RunLog
 from eval.stability import StabilityConfig, analyze
 

@@ -106,7 +106,7 @@ def main() -> None:
 
     def collect_rows(backend, tokenizer, rollout, seeds, config, stats, greedy=False, id_offset=0):
         rows, episodes = synthetic_rows(tokenizer, seeds, config, id_offset, args.group_size)
-        if args.rollout_is != "none":  # an engine that disagrees with the trainer: log-probs near uniform's, noisy
+        if args.engine.rollout_is != "none":  # an engine that disagrees: log-probs near uniform's, noisy
             noise = np.random.default_rng(seeds[0] + id_offset)
             for r in rows:
                 r.rollout_logp = (-np.log(len(tokenizer)) + noise.normal(0, 0.3, len(r.response_ids))).astype(

@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 from conftest import ALGOS, load_script
 
+from arena_train.cli import flat_args
+
 ROOT = ALGOS.parent
 METHODS = ["gspo", "sapo", "cispo", "gigpo", "empg", "dapo", "sampo", "rloo", "ppo"]
 START = re.compile(r"^\s*# ALGO LOGIC:")
@@ -86,7 +88,7 @@ def test_script_imports_as_a_module_with_its_own_args(name):
     module = load_script(name)
     args = module.Args()
     assert args.exp_name == name and args.profile == "cpu-tiny"
-    assert set(module.GPU_PROFILE) <= set(vars(args)), "GPU_PROFILE names a field Args does not have"
+    assert set(module.GPU_PROFILE) <= set(flat_args(args)), "GPU_PROFILE names a field Args does not have"
 
 
 def imported_modules(path: Path) -> set[str]:

@@ -7,7 +7,9 @@ Losses: float64 autograd gradients compared with closed forms. Advantages: numpy
 
 from __future__ import annotations
 
+import ast
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,6 +18,7 @@ from conftest import load_script
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import arena_train.advantages as shared_advantages
 from arena_train.rollout import Row
 
 F64 = torch.float64
@@ -200,10 +203,30 @@ def test_seq_mask_masks_only_negative_off_policy_rows(name, b, delta):
 
 
 # ---------------------------------------------------------------------------------------------- 10. GiGPO
+def test_shared_gigpo_estimator_is_gigpo_scripts_copy():
+    """dapo.py's --advantage gigpo imports arena_train.advantages: the same code as gigpo.py's visible estimator."""
+    script = ast.parse(Path(gigpo.__file__).read_text())
+    shared = ast.parse(Path(shared_advantages.__file__).read_text())
+    mine = {n.name: ast.dump(n) for n in shared.body if isinstance(n, ast.FunctionDef)}
+    theirs = {n.name: ast.dump(n) for n in script.body if isinstance(n, ast.FunctionDef) and n.name in mine}
+    assert set(mine) == {"compute_advantages", "discounted_step_returns", "step_groups", "step_advantages",
+                         "gigpo_advantages"}
+    assert mine == theirs
+
+
+@SETTINGS
+@given(multi_turn_rows(), st.sampled_from(["mean_norm", "mean_std_norm"]), st.floats(0.0, 1.0), st.floats(0.0, 2.0))
+def test_shared_gigpo_estimator_equals_gigpo_script(d, mode, gamma, weight):
+    want = gigpo_call(gigpo, d, mode=mode, gamma=gamma, step_weight=weight)
+    got = gigpo_call(shared_advantages, d, mode=mode, gamma=gamma, step_weight=weight)
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(a, b)
+
+
 @SETTINGS
 @given(multi_turn_rows(), st.sampled_from(["mean_norm", "mean_std_norm"]))
 def test_gigpo_omega_zero_is_pooled_grpo(d, mode):
-    for module in (gigpo, dapo, sampo):
+    for module in (gigpo, shared_advantages, sampo):
         adv, _ = gigpo_call(module, d, step_weight=0.0, mode=mode)
         expected = grpo.compute_advantages(d["scores"], d["group_ids"], d["episode_ids"], cross_steps=True,
                                            norm_by_std=mode == "mean_std_norm")

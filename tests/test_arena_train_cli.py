@@ -13,8 +13,10 @@ from hypothesis import strategies as st
 from arena_envs import env_recipe
 from arena_train.cli import (
     args_problem,
+    flat_args,
     parse_args,
     range_problem,
+    replace_flat,
     requested_profile,
     split_passthrough,
 )
@@ -65,17 +67,18 @@ def test_requested_profile_is_the_last_one_given(argv):
 def test_grpo_profiles():
     grpo = load_script("grpo")
     cpu = parse_args(grpo.Args, grpo.GPU_PROFILE, [])
-    assert (cpu.env_id, cpu.num_groups, cpu.group_size, cpu.learning_rate, cpu.rollout_backend) == (
+    assert (cpu.env_id, cpu.num_groups, cpu.group_size, cpu.learning_rate, cpu.engine.rollout_backend) == (
         ["ARL/Sokoban-Mini-v0"], 8, 8, 1e-4, "hf")
     gpu = parse_args(grpo.Args, grpo.GPU_PROFILE, ["--profile", "gpu", "--loss-agg", "seq-mean-token-mean"])
-    assert (gpu.env_id, gpu.num_groups, gpu.learning_rate, gpu.mixed_precision, gpu.loss_agg_mode) == (
+    assert (gpu.env_id, gpu.num_groups, gpu.learning_rate, gpu.engine.mixed_precision, gpu.loss_agg_mode) == (
         ["ARL/Sokoban-v0"], 16, 1e-6, "bf16", "seq-mean-token-mean")
     for key, value in grpo.GPU_PROFILE.items():  # the table lists only what differs from the CPU defaults
-        assert getattr(cpu, key) != value and getattr(gpu, key) == value
+        assert flat_args(cpu)[key] != value and flat_args(gpu)[key] == value  # grouped fields too
     # the paper's prompt layout on GPU, compact for tiny models; both evaluate with ARLArena's validation sampling
     assert (gpu.prompt_style, cpu.prompt_style) == ("arlarena", "compact")
     for args in (cpu, gpu):
-        assert (args.eval_split, args.eval_greedy, args.eval_temperature, args.eval_top_p, args.eval_top_k) == (
+        e = args.eval
+        assert (e.eval_split, e.eval_greedy, e.eval_temperature, e.eval_top_p, e.eval_top_k) == (
             None, False, 0.6, 0.95, 20)
 
 
@@ -122,8 +125,8 @@ def test_env_id_problem_knows_every_registered_id():
 
 def test_resume_fallback_needs_resume():
     grpo = load_script("grpo")
-    assert "give both" in args_problem(grpo.Args(resume_fallback=True))
-    assert args_problem(grpo.Args(resume_fallback=True, resume=True)) is None
+    assert "give both" in args_problem(replace_flat(grpo.Args(), resume_fallback=True))
+    assert args_problem(replace_flat(grpo.Args(), resume_fallback=True, resume=True)) is None
 
 
 @pytest.mark.parametrize(("env_id", "turns", "prompt"), [
@@ -142,3 +145,26 @@ def test_env_recipe_of_an_unknown_id_is_empty():
     assert env_recipe("ARL/NoSuchEnv-v0") == {}
     with pytest.raises(SystemExit, match="unknown env id"):  # the recipe step leaves the message to the id check
         parse_args(Args, GPU, ["--profile", "gpu", "--env-id", "ARL/NoSuchEnv-v0"])
+
+
+def test_flat_args_keeps_args_json_keys_and_replace_flat_reaches_every_group():
+    """Grouped flags are stored flat in args.json under their old field names; the alarm's as collapse_<field>."""
+    grpo = load_script("grpo")
+    args = grpo.Args()
+    flat = flat_args(args)
+    assert {"seed", "eval_every", "micro_batch_size", "output_dir", "on_collapse", "collapse_warmup",
+            "clip_ratio_low"} <= set(flat)
+    assert not {"run", "engine", "eval", "collapse", "warmup"} & set(flat)
+    changed = replace_flat(args, eval_every=3, micro_batch_size=2, collapse_warmup=7, on_collapse="stop", seed=9)
+    assert (changed.eval.eval_every, changed.engine.micro_batch_size, changed.collapse.warmup) == (3, 2, 7)
+    assert (changed.collapse.on_collapse, changed.seed, args.eval.eval_every) == ("stop", 9, 10)  # a copy
+    with pytest.raises(TypeError, match="no_such_field"):
+        replace_flat(args, no_such_field=1)
+
+
+def test_a_bad_alarm_flag_names_the_flag(capsys):
+    """The alarm's group checks its values as the parser builds it: the parser's error box names the flag."""
+    grpo = load_script("grpo")
+    with pytest.raises(SystemExit):
+        parse_args(grpo.Args, grpo.GPU_PROFILE, ["--collapse-success-drop", "2"])
+    assert "--collapse-success-drop must be in (0, 1) (got 2.0)" in capsys.readouterr().err

@@ -14,6 +14,7 @@ from conftest import load_script
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from arena_train import losses
 from arena_train.batching import (
     fill_old_logp,
     first_minibatch,
@@ -154,8 +155,8 @@ def grpo_loss(grpo, model, rows: list[Row], temperature: float) -> torch.Tensor:
     fill_old_logp(batch, logp, rows)
     mask = batch["mask"]
     pg_loss, _ = grpo.policy_loss(logp, batch["old_logp"], batch["advantages"], mask)
-    kl = grpo.agg_loss(grpo.kl_penalty(logp, batch["ref_logp"], "k3"), mask, "token-mean")
-    return pg_loss + 0.01 * kl - 0.001 * grpo.agg_loss(entropy, mask, "token-mean")
+    kl = losses.agg_loss(losses.kl_penalty(logp, batch["ref_logp"], "k3"), mask, "token-mean")
+    return pg_loss + 0.01 * kl - 0.001 * losses.agg_loss(entropy, mask, "token-mean")
 
 
 @pytest.mark.parametrize("seed", range(5))

@@ -1,4 +1,4 @@
-"""Property tests of grpo.py's math.
+"""Property tests of grpo.py's math and of the loss math every script shares (arena_train.losses).
 
 Against the invariants of docs/algorithms.md "Tested invariants" (items 1, 2, 6, 7, 8).
 
@@ -13,6 +13,8 @@ import torch
 from conftest import load_script
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
+
+from arena_train import losses
 
 grpo = load_script("grpo")
 MODES = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
@@ -40,9 +42,9 @@ def batch(draw, min_rows=1, max_rows=5, max_len=6, equal_lengths=False):
 def test_agg_equal_lengths(data):
     x, m = data
     T = m.shape[1]
-    tm = grpo.agg_loss(x, m, "token-mean")
-    torch.testing.assert_close(grpo.agg_loss(x, m, "seq-mean-token-mean"), tm)
-    torch.testing.assert_close(grpo.agg_loss(x, m, "seq-mean-token-sum"), T * tm)
+    tm = losses.agg_loss(x, m, "token-mean")
+    torch.testing.assert_close(losses.agg_loss(x, m, "seq-mean-token-mean"), tm)
+    torch.testing.assert_close(losses.agg_loss(x, m, "seq-mean-token-sum"), T * tm)
 
 
 @SETTINGS
@@ -51,7 +53,7 @@ def test_agg_masked_entries_have_no_influence(data, mode, junk):
     x, m = data
     x1 = x.clone().requires_grad_(True)
     x2 = torch.where(m > 0, x, torch.full_like(x, junk)).requires_grad_(True)
-    l1, l2 = grpo.agg_loss(x1, m, mode), grpo.agg_loss(x2, m, mode)
+    l1, l2 = losses.agg_loss(x1, m, mode), losses.agg_loss(x2, m, mode)
     torch.testing.assert_close(l1, l2)
     l1.backward(), l2.backward()
     torch.testing.assert_close(x1.grad, x2.grad)
@@ -64,7 +66,7 @@ def test_agg_row_permutation_invariance(data, mode, rnd):
     x, m = data
     perm = list(range(x.shape[0]))
     rnd.shuffle(perm)
-    torch.testing.assert_close(grpo.agg_loss(x[perm], m[perm], mode), grpo.agg_loss(x, m, mode))
+    torch.testing.assert_close(losses.agg_loss(x[perm], m[perm], mode), losses.agg_loss(x, m, mode))
 
 
 @SETTINGS
@@ -72,10 +74,10 @@ def test_agg_row_permutation_invariance(data, mode, rnd):
 def test_agg_closed_form_gradients(data):
     x, m = data
     x = x.requires_grad_(True)
-    grpo.agg_loss(x, m, "token-mean").backward()
+    losses.agg_loss(x, m, "token-mean").backward()
     torch.testing.assert_close(x.grad, m / m.sum())
     x.grad = None
-    grpo.agg_loss(x, m, "seq-mean-token-mean").backward()
+    losses.agg_loss(x, m, "seq-mean-token-mean").backward()
     torch.testing.assert_close(x.grad, m / (m.shape[0] * m.sum(-1, keepdim=True)))
 
 
@@ -168,25 +170,25 @@ def test_kl_estimators(a, b):
     logp = torch.tensor(a[:n], dtype=torch.float64, requires_grad=True)
     ref = torch.tensor(b[:n], dtype=torch.float64)
     for kind in ("k2", "k3"):
-        k = grpo.kl_penalty(logp, ref, kind)
+        k = losses.kl_penalty(logp, ref, kind)
         assert torch.all(k >= -1e-12)  # k3 = e^x - x - 1 rounds to -1e-16 for |x| ~ 1e-9
         assert torch.all((k == 0) == (logp.detach() == ref)) or torch.all(k[logp.detach() == ref] == 0)
-    (grad,) = torch.autograd.grad(grpo.kl_penalty(logp, ref, "k3").sum(), logp)
+    (grad,) = torch.autograd.grad(losses.kl_penalty(logp, ref, "k3").sum(), logp)
     torch.testing.assert_close(grad, 1 - torch.exp(ref - logp.detach()))
     for base in ("k1", "k3"):
-        plus = grpo.kl_penalty(logp, ref, base + "+")
-        torch.testing.assert_close(plus, grpo.kl_penalty(logp, ref, base))
+        plus = losses.kl_penalty(logp, ref, base + "+")
+        torch.testing.assert_close(plus, losses.kl_penalty(logp, ref, base))
         (grad,) = torch.autograd.grad(plus.sum(), logp)
         torch.testing.assert_close(grad, logp.detach() - ref)
-    assert torch.all(grpo.kl_penalty(ref, ref, "k3") == 0)
+    assert torch.all(losses.kl_penalty(ref, ref, "k3") == 0)
 
 
 def test_kl_k2_k3_positive_off_diagonal_and_k1_signed():
     logp, ref = torch.tensor([-1.0, -2.0]), torch.tensor([-2.0, -1.0])
-    assert torch.all(grpo.kl_penalty(logp, ref, "k3") > 0) and torch.all(grpo.kl_penalty(logp, ref, "k2") > 0)
-    assert grpo.kl_penalty(logp, ref, "k1").tolist() == [1.0, -1.0]
+    assert torch.all(losses.kl_penalty(logp, ref, "k3") > 0) and torch.all(losses.kl_penalty(logp, ref, "k2") > 0)
+    assert losses.kl_penalty(logp, ref, "k1").tolist() == [1.0, -1.0]
     with pytest.raises(ValueError):
-        grpo.kl_penalty(logp, ref, "k9")
+        losses.kl_penalty(logp, ref, "k9")
 
 
 # ---- 8. GRPO advantage ------------------------------------------------------------------------

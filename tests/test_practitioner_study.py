@@ -76,7 +76,7 @@ def test_each_run_gets_its_method_density_and_the_studys_settings(method, densit
     assert cmd[1].endswith(f"{method}.py")
     assert (parsed.reward_density, parsed.env_id, parsed.max_prompt_tokens, parsed.seed, parsed.kl_coef) == \
         (density, ["ARL/TextWorld-Mini-v0"], 1024, 2, 0.0)
-    assert parsed.eval_every == 0  # the study evaluates every model itself, on the same held-out seeds
+    assert parsed.eval.eval_every == 0  # the study evaluates every model itself, on the same held-out seeds
 
 
 def _per_seed(wins: dict[str, list[list[int]]], envs: list[str]) -> list[dict]:

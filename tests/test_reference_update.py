@@ -71,10 +71,10 @@ def optimizer_steps(recorded: list[dict]) -> list[list[dict]]:
 
 
 def args_dict(method: str, flags: list[str]) -> dict:
-    from arena_train.cli import parse_args
+    from arena_train.cli import flat_args, parse_args
 
     script = load_script(method)
-    return vars(parse_args(script.Args, script.GPU_PROFILE, [*BASE, *flags]))
+    return flat_args(parse_args(script.Args, script.GPU_PROFILE, [*BASE, *flags]))
 
 
 def relative_error(got: list[torch.Tensor], want: list[torch.Tensor]) -> float:

@@ -13,7 +13,6 @@ import io
 import json
 import os
 import re
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,8 +21,12 @@ from conftest import ALGOS, load_script
 
 RECORD = Path(__file__).resolve().parent / "data" / "script_flags.json"
 SCRIPTS = sorted(p.stem for p in ALGOS.glob("*.py") if p.stem != "sft")
-#: A help entry's first line: the box border, then its option strings, each with its metavar, separated by ", ".
-ENTRY = re.compile(r"^[^\w-]*(-{1,2}[A-Za-z].*)$")
+#: A help entry's first line: its option strings, each with its metavar, separated by ", " (indented less than
+#: the description lines under it).
+ENTRY = re.compile(r"^(\W{0,2})(-{1,2}[A-Za-z].*)$")
+#: Help width: wide enough for one entry head per line, narrow enough for tyro to stack the groups' boxes in one
+#: column (it puts them side by side from 130 columns on).
+WIDTH = "129"
 
 
 def help_options(name: str) -> list[str]:
@@ -31,13 +34,13 @@ def help_options(name: str) -> list[str]:
     module = load_script(name)
     out = io.StringIO()
     with contextlib.redirect_stdout(out), pytest.MonkeyPatch.context() as patch:
-        patch.setenv("COLUMNS", "400")  # one line per entry head, whatever the terminal
+        patch.setenv("COLUMNS", WIDTH)
         with contextlib.suppress(SystemExit):
             tyro.cli(module.Args, args=["--help"])
     found = set()
     for line in out.getvalue().splitlines():
-        if match := ENTRY.match(line.rstrip(" │|")):
-            found.update(part.split()[0] for part in match.group(1).split(", ") if part.startswith("-"))
+        if match := ENTRY.match(line):
+            found.update(part.split()[0] for part in match.group(2).split(", ") if part.startswith("-"))
     return sorted(found)
 
 
@@ -56,6 +59,5 @@ def test_help_parser_finds_aliases_and_negations():
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     print(json.dumps({name: help_options(name) for name in SCRIPTS}, indent=1))

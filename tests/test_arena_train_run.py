@@ -1,10 +1,13 @@
-"""arena_train.run_dir: a new run never writes into an old run's files; --resume, --overwrite and their errors."""
+"""arena_train.run: the run folder (a new run never writes into an old run's files; --resume, --overwrite and
+their errors) and the default CPU thread count."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
-from arena_train.run_dir import clear_run, prepare_run_dir, run_dir_problem
+from arena_train.run import clear_run, default_threads, prepare_run_dir, run_dir_problem
 
 
 @pytest.fixture(scope="module")
@@ -67,3 +70,31 @@ def test_an_unwritable_folder_is_named(tmp_path):
     problem = run_dir_problem(blocker / "run", resume=False, overwrite=False)
     assert problem.startswith(f"error: the output folder {blocker / 'run'} is not writable")
     assert "--output-dir" in problem
+
+
+# ---- the default thread count
+CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+
+
+def test_an_explicit_count_wins(monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert default_threads(5) == 5
+
+
+def test_omp_num_threads_pins_the_default(monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert default_threads(0) == 1
+
+
+@pytest.mark.parametrize("omp", [None, "", "abc", "0"])
+def test_otherwise_all_available_cores_split_between_local_processes(monkeypatch, omp):
+    if omp is None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", omp)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert default_threads(0) == CORES
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(CORES * 2))
+    assert default_threads(0) == 1  # never 0
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "junk")
+    assert default_threads(0) == CORES

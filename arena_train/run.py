@@ -1,0 +1,287 @@
+"""A training run's life outside the method: set-up, resume, logging, the alarm's decisions, checkpoints, the end.
+
+A script calls, in order (``algos/grpo.py``):
+
+    run = Run.start(...)                       # threads, seeds, accelerator, run folder; --dry-run exits here
+    backend = run.rollout_backend(...)         # after the models are prepared
+    run.resume(collapse, optimizer, config)    # alarm, checkpoint 0 or the resumed one, logger
+    rollouts = run.rollouts(...)               # the mixture's envs (env workers, failure policy)
+    for iteration in run.iterations(n):        # a progress bar from the resumed iteration
+        ...
+        action = run.log(iteration, metrics)   # alarm + logger + env-failure streak: "go", "stop" or "rollback"
+        run.checkpoint(iteration)
+    run.finish(policy, tokenizer, backend, rollouts)   # final model, consistency check, summary
+
+The pieces have their own tested modules (``checkpoint``, ``monitor``, ``logger``, ``mixture``); this one fixes
+their order, which resume, rollback and multi-process runs depend on, and holds the run folder's rules and the
+default thread count.
+
+The run folder: a new run never writes into an old one's files. Without ``--resume`` a folder that already holds
+a run is an error unless ``--overwrite`` is given (then that run's files are deleted first, and only those);
+``--resume`` of a run that has metrics but no checkpoint is an error too, since restarting it would silently
+replace its metrics. Other files in the folder (a launcher's log, a sweep's labels) never count and are never
+deleted.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+
+from arena_train.checkpoint import resume_latest, save_checkpoint
+from arena_train.cli import EngineArgs, EvalArgs, RunArgs
+from arena_train.dist import param_sync_error
+from arena_train.logger import MetricsLogger
+from arena_train.mixture import FailureStreak, Mixture, MixtureRollout, check_resume
+from arena_train.monitor import CollapseConfig, CollapseMonitor, checkpoints_to_keep, restore_healthy
+from arena_train.rollout import RolloutConfig
+
+#: What a training script writes into its run folder.
+RUN_ENTRIES = ("metrics.jsonl", "checkpoints", "tb", "final", "args.json", "summary.json")
+
+
+def writable_problem(folder: Path) -> str | None:
+    """Why ``folder`` cannot be created or written to (one line that names it), or None."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as err:
+        return f"error: the output folder {folder} is not writable ({err.strerror or err}); choose another --output-dir"
+    return None
+
+
+def run_dir_problem(run_dir: Path, resume: bool, overwrite: bool, entries: Sequence[str] = RUN_ENTRIES,
+                    resumable: bool = True) -> str | None:
+    """Why a run cannot start in ``run_dir`` with these flags (one line that says what to do), or None;
+    ``entries`` are the files that make a run, ``resumable`` whether the script has ``--resume``."""
+    if resume and overwrite:
+        return "error: --resume continues a run, --overwrite deletes it: give one of them"
+    found = [name for name in entries if (run_dir / name).exists()]
+    if found and not resume and not overwrite:
+        how = "pass --resume to continue it or --overwrite" if resumable else "pass --overwrite"
+        return f"error: {run_dir} already holds a run ({', '.join(found)}); {how} to delete it and start over"
+    if resume and "metrics.jsonl" in found and "checkpoints" not in found:
+        return (f"error: {run_dir} has metrics but no checkpoint to resume from; pass --overwrite to start over "
+                f"(its metrics are deleted)")
+    return writable_problem(run_dir)
+
+
+def clear_run(run_dir: Path, entries: Sequence[str] = RUN_ENTRIES) -> None:
+    """Delete the files of the run in ``run_dir`` (``--overwrite``)."""
+    for name in entries:
+        path = run_dir / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif path.exists() or path.is_symlink():
+            path.unlink()
+
+
+def prepare_run_dir(accelerator, run_dir: Path, resume: bool, overwrite: bool) -> None:
+    """Check ``run_dir`` for these flags and create it (clearing an old run on ``overwrite``), on the main
+    process; a problem is one ``SystemExit`` printed by the main process, the others exit quietly."""
+    from accelerate.utils import broadcast_object_list
+
+    problem: list[str | None] = [None]
+    if accelerator.is_main_process:
+        problem[0] = run_dir_problem(run_dir, resume, overwrite)
+        if problem[0] is None and overwrite:
+            clear_run(run_dir)
+    if accelerator.num_processes > 1:
+        broadcast_object_list(problem)
+    if problem[0] is not None:
+        raise SystemExit(problem[0] if accelerator.is_main_process else 1)
+
+
+def default_threads(requested: int = 0) -> int:
+    """``requested`` if > 0; else ``$OMP_NUM_THREADS`` if set (how to pin it on a shared machine); else the cores
+    this process may run on, split between the processes of this machine (``$LOCAL_WORLD_SIZE`` under
+    ``accelerate launch``/``torchrun``), at least 1."""
+    if requested > 0:
+        return requested
+    pinned = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if pinned.isdigit() and int(pinned) > 0:
+        return int(pinned)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    local = os.environ.get("LOCAL_WORLD_SIZE", "1").strip()
+    return max(1, cores // (int(local) if local.isdigit() and int(local) > 0 else 1))
+
+
+@dataclass
+class Run:
+    """The state a run's infrastructure keeps between the script's calls (``Run.start`` makes it)."""
+
+    run: RunArgs
+    engine: EngineArgs
+    eval: EvalArgs
+    mixture: Mixture
+    exp_name: str
+    seed: int
+    model_path: str
+    accelerator: Any
+    run_dir: Path
+    dtype: torch.dtype
+    start_iteration: int = 1
+    monitor: CollapseMonitor | None = None
+    logger: MetricsLogger | None = None
+    env_failures: FailureStreak | None = None
+    env_failure: str | None = None
+    optimizer: Any = None
+    keep: int = 2
+    _last: int = field(default=0, repr=False)
+
+    @classmethod
+    def start(cls, run: RunArgs, engine: EngineArgs, evaluation: EvalArgs, mixture: Mixture, *, exp_name: str,
+              seed: int, model_path: str, num_groups: int, max_prompt_tokens: int, max_response_tokens: int) -> Run:
+        """Threads, the run name, ``--dry-run``'s plan (exits), the accelerator, per-process seeds, the run folder
+        (``--resume`` / ``--overwrite``); checks that groups and evaluation episodes split over the processes."""
+        from accelerate.utils import set_seed
+        from transformers.utils import logging as hf_logging
+
+        from arena_train.memory import print_run_plan
+        from arena_train.models import resolve_policy_path
+        from arena_train.sharding import make_accelerator, require_supported
+
+        if run.run_name is None:
+            run.run_name = f"{mixture.label}__{exp_name}__{seed}"
+        torch.set_num_threads(default_threads(run.torch_threads))  # before any vLLM engine: later calls are no-ops
+        hf_logging.disable_progress_bar()
+        if run.dry_run:  # the plan needs the model's shape only: Qwen3 names are known without a download
+            raise SystemExit(print_run_plan(
+                model_path, micro_batch_size=engine.micro_batch_size, lora_rank=engine.lora_rank,
+                max_prompt_tokens=max_prompt_tokens, max_response_tokens=max_response_tokens,
+                gradient_checkpointing=engine.gradient_checkpointing, rollout_backend=engine.rollout_backend,
+                vllm_share=engine.vllm_gpu_memory_utilization, mixed_precision=engine.mixed_precision))
+        model_path = resolve_policy_path(model_path)
+        accelerator = make_accelerator(engine.mixed_precision)  # FSDP2 also on CPU-only machines (tests)
+        world = accelerator.num_processes
+        if num_groups % world or evaluation.eval_episodes % world:
+            raise SystemExit(f"--num-groups and --eval-episodes must be multiples of the {world} processes")
+        set_seed(seed + accelerator.process_index)
+        run_dir = Path(run.output_dir) / run.run_name
+        prepare_run_dir(accelerator, run_dir, run.resume, run.overwrite)
+        require_supported(accelerator, engine.lora_rank)
+        dtype = torch.bfloat16 if engine.mixed_precision == "bf16" and torch.cuda.is_available() else torch.float32
+        return cls(run, engine, evaluation, mixture, exp_name, seed, model_path, accelerator, run_dir, dtype)
+
+    @property
+    def rank(self) -> int:
+        return self.accelerator.process_index
+
+    @property
+    def world(self) -> int:
+        return self.accelerator.num_processes
+
+    def rollout_backend(self, policy, tokenizer, *, max_model_len: int, max_num_seqs: int):
+        """The rollout engine (``--rollout-backend``): vLLM, or transformers generate (sharded: an unsharded copy
+        fed from the shards); seeded per process."""
+        from arena_train.sharding import make_rollout_backend
+
+        e = self.engine
+        return make_rollout_backend(
+            e.rollout_backend, self.accelerator, policy, tokenizer, self.model_path, self.dtype,
+            seed=self.seed + self.rank, max_model_len=max_model_len, mixed_precision=e.mixed_precision,
+            max_num_seqs=max_num_seqs, gpu_memory_utilization=e.vllm_gpu_memory_utilization,
+            precision=e.rollout_precision)
+
+    def rollouts(self, make_env: Callable[..., Any], num_groups: int, group_size: int, tokenizer,
+                 sampling: RolloutConfig) -> MixtureRollout:
+        """Every env's groups (``num_groups`` over all processes) and held-out episodes, in-process or in env
+        workers (``--env-workers``); the held-out split keeps rollout and evaluation tasks apart. Checks that the
+        prompts fit ``sampling``'s budget and starts the env-failure streak (``--max-env-failures``)."""
+        e = self.engine
+        rollouts = MixtureRollout(self.mixture, make_env, num_groups // self.world, group_size,
+                                  max(self.eval.eval_episodes // self.world, 1), self.eval.eval_split,
+                                  env_workers=e.env_workers, step_timeout=e.env_step_timeout)
+        rollouts.require_prompts_fit(tokenizer, sampling, seed=self.seed)
+        self.env_failures = FailureStreak(e.max_env_failures, rollouts)
+        return rollouts
+
+    def resume(self, collapse: CollapseConfig, optimizer, config: dict[str, Any]) -> int:
+        """The alarm (its state travels in every checkpoint), ``--resume`` of the newest verified checkpoint, the
+        logger (``config`` is written to args.json) and, for a stop or rollback alarm, checkpoint 0 (the start
+        weights: a healthy checkpoint for a collapse in the first iterations). -> the first iteration to run."""
+        acc, self.optimizer = self.accelerator, optimizer
+        self.monitor = CollapseMonitor(collapse)
+        acc.register_for_checkpointing(self.monitor)
+        self.keep = checkpoints_to_keep(collapse, self.run.checkpoint_every)  # a healthy one survives an alarm
+        if self.run.resume:  # before the logger rewrites args.json, the record of the run's mixture
+            check_resume(acc, self.run_dir, self.mixture)
+        self.start_iteration = 1 + (resume_latest(acc, self.run_dir, self.run.resume_fallback) if self.run.resume
+                                    else 0)
+        if acc.is_main_process:
+            self.logger = MetricsLogger(self.run_dir, self.start_iteration,
+                                        self.run.wandb_project if self.run.track else None, self.run.run_name,
+                                        {**config, "world_size": self.world})
+        if self.start_iteration == 1 and collapse.on_collapse in ("stop", "rollback"):
+            self.monitor.checkpointed(0)
+            save_checkpoint(acc, self.run_dir, 0, self.keep)
+        return self.start_iteration
+
+    def iterations(self, num_iterations: int) -> Iterator[int]:
+        """Iterations ``start_iteration .. num_iterations`` under a progress bar (main process)."""
+        from tqdm.auto import tqdm
+
+        self._last = num_iterations
+        return iter(tqdm(range(self.start_iteration, num_iterations + 1), initial=self.start_iteration - 1,
+                         total=num_iterations, desc=self.exp_name, disable=not self.accelerator.is_main_process))
+
+    def eval_due(self, iteration: int) -> bool:
+        """Held-out evaluation every ``--eval-every`` iterations and after the last one (0 = never)."""
+        every = self.eval.eval_every
+        return every > 0 and (iteration % every == 0 or iteration == self._last)
+
+    def log(self, iteration: int, metrics: dict[str, float]) -> str:
+        """The alarm's signals (added to ``metrics`` as ``stability/*``), the logger, the env-failure streak.
+
+        -> "go"; "stop" (the env keeps failing, or the alarm stops the run on its last healthy checkpoint); or
+        "rollback" (the last healthy checkpoint is restored, at a smaller learning rate, and saved as this
+        iteration's: push the weights to the rollout engine and go on with the next iteration)."""
+        step = self.monitor.update(iteration, metrics)  # pooled metrics: one decision on every process
+        metrics.update(step.metrics)
+        if step.message:
+            self.accelerator.print(step.message)
+        if self.logger is not None:
+            self.logger.log(iteration, metrics)
+        self.env_failure = self.env_failures.update(metrics)
+        if self.env_failure is not None:
+            return "stop"
+        if step.decision.action not in ("stop", "rollback"):
+            return "go"
+        restored = restore_healthy(self.accelerator, self.run_dir, self.monitor, step.decision, iteration,
+                                   self.optimizer, self.keep)
+        return "stop" if step.decision.action == "stop" or restored is None else "rollback"
+
+    def checkpoint(self, iteration: int) -> None:
+        """Every ``--checkpoint-every`` iterations and after the last one: model, optimizer, RNG and alarm state."""
+        every = self.run.checkpoint_every
+        if (every > 0 and iteration % every == 0) or iteration == self._last:
+            self.monitor.checkpointed(iteration)
+            save_checkpoint(self.accelerator, self.run_dir, iteration, self.keep)
+
+    def finish(self, policy, tokenizer, backend, rollouts: MixtureRollout) -> None:
+        """Close the env workers; after env failures exit naming the env and its error (the last checkpoint
+        stays); else save the final model (a normal HF folder), check that every process holds the same weights
+        and write summary.json."""
+        from arena_train.sharding import save_final_model
+
+        acc = self.accelerator
+        rollouts.close()  # the env workers end here (and with the process on any other way out)
+        if self.env_failure is not None:
+            backend.close()
+            raise SystemExit(self.env_failure if acc.is_main_process else 1)
+        sync_error = param_sync_error(acc, policy)
+        final = save_final_model(acc, policy, tokenizer, self.run_dir / "final")  # every process joins the gather
+        if acc.is_main_process:
+            self.logger.close(summary={"world_size": self.world, "param_sync_error": sync_error,
+                                       "final_model": str(final), **self.monitor.summary()})
+            acc.print(f"done: metrics in {self.run_dir / 'metrics.jsonl'}, model in {final}")
+        backend.close()  # vLLM: after the last collective, before the process group ends
+        acc.end_training()
+
