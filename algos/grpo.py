@@ -334,7 +334,7 @@ def main(args: Args) -> None:
         # END ALGO LOGIC
         if run.eval_due(iteration):
             metrics_out.update(rollouts.evaluate(accelerator, backend, tokenizer, evaluation, args.eval.eval_episodes,
-                                                 rank, world, greedy=args.eval.eval_greedy))
+                                                 rank, world, greedy=args.eval.eval_greedy, seed=args.seed))
         action = run.log(iteration, metrics_out)  # the alarm, the logger, the env-failure streak
         if action == "stop":  # the alarm or failing envs end the run on its last (healthy) checkpoint
             break

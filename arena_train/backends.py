@@ -7,6 +7,10 @@ Both stop at the tokenizer's end token only and keep it in the response, and aft
 ``generate_scored`` call hold why each response stopped in ``last_stop_reasons`` (``eos``: the end token;
 ``max_response_tokens``: the token limit cut it).
 
+Sampling draws from the process's random stream, or, with ``seeds`` (one int per prompt), each response from a
+stream of its own seeded by its prompt's seed: its tokens then depend on its prompt and seed only, never on the
+other prompts of the call or its place among them (held-out evaluation: ``arena_train.streams``).
+
 Every backend's ``generate_scored`` also returns the log-prob of each sampled token under the distribution that
 drew it (the behaviour policy). ``score_rollouts`` says whether those equal the trainer's own scoring to float
 rounding, so that they may replace its scoring pass; otherwise they measure and correct the rollout/trainer gap
@@ -44,15 +48,21 @@ def logits_warpers(temperature: float, top_k: int, top_p: float) -> list:
     return warpers
 
 
-def sample_categorical(probs: torch.Tensor) -> torch.Tensor:
+def sample_categorical(probs: torch.Tensor, generators: list[torch.Generator] | None = None) -> torch.Tensor:
     """One index per row of ``probs`` (B, V) drawn with probability ``probs[b, v] / probs[b].sum()``: inverse-CDF
-    sampling on the float64 cumulative sums, with one uniform number per row (B,).
+    sampling on the float64 cumulative sums, with one uniform number per row (B,): from torch's global stream, or
+    row b's from ``generators[b]`` (B generators on ``probs``' device), so that a row's draw depends on its own
+    generator only.
 
     Row b picks the v with cdf[v - 1] <= u < cdf[v], u uniform on [0, cdf[-1]) (a float64 uniform below 1 times
     a positive double stays below it): an index of probability 0 has cdf[v - 1] == cdf[v] and is never picked."""
     cdf = probs.double().cumsum(-1)  # (B, V)
-    u = torch.rand((probs.shape[0], 1), dtype=torch.float64, device=probs.device) * cdf[:, -1:]  # (B, 1)
-    return (cdf <= u).sum(-1)  # (B,)
+    if generators is None:
+        u = torch.rand((probs.shape[0], 1), dtype=torch.float64, device=probs.device)  # (B, 1)
+    else:
+        u = torch.cat([torch.rand(1, dtype=torch.float64, device=probs.device, generator=g)
+                       for g in generators])[:, None]  # (B, 1)
+    return (cdf <= u * cdf[:, -1:]).sum(-1)  # (B,)
 
 
 class HFBackend:
@@ -73,22 +83,26 @@ class HFBackend:
         self.last_stop_reasons: list[str] = []  # per response of the last call: "eos" or "max_response_tokens"
 
     def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float,
-                 greedy: bool, top_k: int | None = None) -> list[list[int]]:
+                 greedy: bool, top_k: int | None = None, seeds: list[int] | None = None) -> list[list[int]]:
         """New token ids per prompt (left-padded batches of ``batch_size``), cut after the first end token;
-        ``top_k=None`` uses the backend's."""
-        return self._generate(prompts, max_new_tokens, temperature, top_p, greedy, top_k, scored=False)[0]
+        ``top_k=None`` uses the backend's. ``seeds``: sampled prompt i draws from a ``torch.Generator`` seeded
+        with ``seeds[i]`` (greedy ignores them)."""
+        return self._generate(prompts, max_new_tokens, temperature, top_p, greedy, top_k, False, seeds)[0]
 
     def generate_scored(self, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float,
-                        top_k: int | None = None) -> tuple[list[list[int]], list[list[float]], list[list[float]]]:
+                        top_k: int | None = None, seeds: list[int] | None = None
+                        ) -> tuple[list[list[int]], list[list[float]], list[list[float]]]:
         """Sampled ``generate`` with, per new token, its log-prob and the entropy of its distribution at
         ``temperature`` (before top-k / top-p, as ``arena_train.batching.sequence_logprobs`` scores them)."""
-        return self._generate(prompts, max_new_tokens, temperature, top_p, False, top_k, scored=True)
+        return self._generate(prompts, max_new_tokens, temperature, top_p, False, top_k, True, seeds)
 
     @torch.no_grad()
     def _generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float,
-                  greedy: bool, top_k: int | None, scored: bool
+                  greedy: bool, top_k: int | None, scored: bool, seeds: list[int] | None = None
                   ) -> tuple[list[list[int]], list[list[float]], list[list[float]]]:
         tok, device = self.tokenizer, next(self.model.parameters()).device
+        if seeds is not None and len(seeds) != len(prompts):
+            raise ValueError(f"need one seed per prompt, got {len(seeds)} seeds for {len(prompts)} prompts")
         pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
         warpers = [] if greedy else logits_warpers(temperature, self.top_k if top_k is None else top_k, top_p)
         was_training = self.model.training
@@ -106,8 +120,10 @@ class HFBackend:
                 ids[b, L - len(p):], attn[b, L - len(p):] = torch.tensor(p), 1
             ids, attn = ids.to(device), attn.to(device)
             cache = self._shared_prefill(chunk, ids, attn, device) if self.share_prompts else None
+            generators = None if seeds is None or greedy else [
+                torch.Generator(device).manual_seed(int(s)) for s in seeds[i:i + self.batch_size]]
             gen, logp, entropy = self._decode(ids, attn, cache, max_new_tokens, greedy, warpers, tok.eos_token_id,
-                                              pad_id, temperature if scored else None)
+                                              pad_id, temperature if scored else None, generators)
             for b, seq in enumerate(gen.tolist()):
                 ended = tok.eos_token_id in seq
                 n = seq.index(tok.eos_token_id) + 1 if ended else len(seq)
@@ -121,12 +137,14 @@ class HFBackend:
         return outputs, logps, entropies
 
     def _decode(self, ids: torch.Tensor, attn: torch.Tensor, cache, max_new_tokens: int, greedy: bool,
-                warpers: list, eos_id: int, pad_id: int, score_temperature: float | None
+                warpers: list, eos_id: int, pad_id: int, score_temperature: float | None,
+                generators: list[torch.Generator] | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """(B, N <= max_new_tokens) new tokens of the left-padded batch ``ids`` / ``attn`` (B, L), pad after a row's
         end token, stopping once every row has ended; ``cache`` holds the KV of all but the last prompt column.
         Greedy takes the argmax; otherwise every step samples, from the softmax of the logits after ``warpers``
-        (none at temperature 1 without top-k / top-p: the model's own distribution).
+        (none at temperature 1 without top-k / top-p: the model's own distribution), with one uniform number per row
+        and step from torch's global stream or from row b's ``generators[b]``.
         With ``score_temperature``, also the (B, N) log-probs of the new tokens and entropies at that temperature.
 
         The loop of ``generate(do_sample=...)`` without its per-step machinery (kwargs preparation, stopping
@@ -150,7 +168,7 @@ class HFBackend:
                 warped = logits
                 for warp in warpers:
                     warped = warp(None, warped)
-                token = sample_categorical(warped.softmax(-1))
+                token = sample_categorical(warped.softmax(-1), generators)
             token = token.masked_fill(done, pad_id)
             new.append(token)
             if score_temperature is not None:
@@ -250,37 +268,48 @@ class VLLMBackend:
         self.llm = LLM(**kwargs)
 
     def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float,
-                 greedy: bool, top_k: int | None = None) -> list[list[int]]:
-        """``top_k``: sampled generation only; None or 0 = off (vLLM's -1)."""
-        from vllm import SamplingParams
+                 greedy: bool, top_k: int | None = None, seeds: list[int] | None = None) -> list[list[int]]:
+        """``top_k``: sampled generation only; None or 0 = off (vLLM's -1). ``seeds``: sampled prompt i draws from
+        vLLM's per-request generator seeded with ``seeds[i]`` (``SamplingParams.seed``; greedy ignores them)."""
         from vllm.inputs import TokensPrompt
 
-        # Stop at the tokenizer's end token only, as HFBackend: ignore_eos drops the extra end tokens vLLM takes
-        # from generation_config.json (e.g. Qwen3's <|endoftext|>). The stop token stays in the response.
-        params = SamplingParams(n=1, max_tokens=max_new_tokens, temperature=0.0 if greedy else temperature,
-                                top_p=1.0 if greedy else top_p, top_k=top_k if top_k and not greedy else -1,
-                                stop_token_ids=[self.tokenizer.eos_token_id],
-                                ignore_eos=True)
+        params = self._params(len(prompts), None if greedy else seeds, max_tokens=max_new_tokens,
+                              temperature=0.0 if greedy else temperature, top_p=1.0 if greedy else top_p,
+                              top_k=top_k if top_k and not greedy else -1)
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
         self.last_stop_reasons = [_vllm_stop_reason(o) for o in outs]
         return [list(o.outputs[0].token_ids) for o in outs]
 
     def generate_scored(self, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float,
-                        top_k: int | None = None) -> tuple[list[list[int]], list[list[float]], list[list[float]]]:
+                        top_k: int | None = None, seeds: list[int] | None = None
+                        ) -> tuple[list[list[int]], list[list[float]], list[list[float]]]:
         """Sampled ``generate`` with each new token's log-prob as the engine drew it (``processed_logprobs``:
         after temperature, top-k and top-p). vLLM returns no entropies: 0 (they are used only where a backend's
         log-probs stand in for the trainer's, which a vLLM engine's never do)."""
-        from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        params = SamplingParams(n=1, max_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                                top_k=top_k or -1, stop_token_ids=[self.tokenizer.eos_token_id], ignore_eos=True,
-                                logprobs=0)  # 0: the sampled token's log-prob only
+        params = self._params(len(prompts), seeds, max_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                              top_k=top_k or -1, logprobs=0)  # 0: the sampled token's log-prob only
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
         self.last_stop_reasons = [_vllm_stop_reason(o) for o in outs]
         tokens = [list(o.outputs[0].token_ids) for o in outs]
         logps = [[step[t].logprob for t, step in zip(ids, o.outputs[0].logprobs)] for ids, o in zip(tokens, outs)]
         return tokens, logps, [[0.0] * len(ids) for ids in tokens]
+
+    def _params(self, n: int, seeds: list[int] | None, **kwargs):
+        """One ``SamplingParams`` for the ``n`` prompts (stop at the end token only), or one per prompt carrying its
+        seed.
+
+        Stop at the tokenizer's end token only, as HFBackend: ignore_eos drops the extra end tokens vLLM takes from
+        generation_config.json (e.g. Qwen3's <|endoftext|>). The stop token stays in the response."""
+        from vllm import SamplingParams
+
+        kwargs.update(n=1, stop_token_ids=[self.tokenizer.eos_token_id], ignore_eos=True)
+        if seeds is None:
+            return SamplingParams(**kwargs)
+        if len(seeds) != n:
+            raise ValueError(f"need one seed per prompt, got {len(seeds)} seeds for {n} prompts")
+        return [SamplingParams(**kwargs, seed=int(s)) for s in seeds]
 
     def push(self, model) -> dict[str, float]:
         """Load the trained weights (``lm_head.weight`` included: tied embeddings are otherwise

@@ -313,9 +313,12 @@ class MixtureRollout:
         return rows, episodes
 
     def evaluate(self, accelerator, backend, tokenizer, config: RolloutConfig, eval_episodes: int, rank: int,
-                 world: int, greedy: bool = False) -> dict[str, float]:
+                 world: int, greedy: bool = False, seed: int | None = None) -> dict[str, float]:
         """Held-out evaluation of every env on its ``held_out_seeds``: ``eval/success_rate`` over all envs' episodes
         (every env plays as many) and, for two envs or more, ``eval/<name>/success_rate``; pooled over processes.
+        ``seed`` (the run's): sampled decoding draws each episode's tokens from its own stream
+        (``collect_rows``' ``sampling_seed``), so an episode's result does not depend on the split over processes,
+        batches or env workers; None: the backend's own stream.
         An episode that fails on an env error is replayed once, then left out of the success rates
         (``eval/failed_episodes`` counts those); ``eval/stop/...`` are the stop-reason fractions."""
         from arena_train.dist import global_mean
@@ -326,7 +329,8 @@ class MixtureRollout:
         stats: dict[str, float] = defaultdict(float)
         for k, name in enumerate(self.mixture.names):
             _, held_out = collect_rows(backend, tokenizer, self.eval_rollouts[k], seeds,
-                                       self.mixture.rollout_config(k, config), stats, greedy=greedy)
+                                       self.mixture.rollout_config(k, config), stats, greedy=greedy,
+                                       sampling_seed=seed)
             wins[f"eval/{name}/success_rate"] = [float(e.won) for e in held_out]
         out = {"eval/success_rate": global_mean(accelerator, [w for ws in wins.values() for w in ws])}
         if len(wins) > 1:

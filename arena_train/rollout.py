@@ -11,6 +11,7 @@ import numpy as np
 from arena_train.rows import RolloutConfig, Row, count_stops, cut_at_turn_end, encode_prompts, turn_stop_reasons
 from arena_train.rows import TurnSpan as TurnSpan
 from arena_train.rows import encode_prompt as encode_prompt
+from arena_train.streams import request_streams
 from arena_train.trajectory import collect_trajectories
 
 #: Task seeds >= this are held out for evaluation; training task seeds are drawn below it.
@@ -83,7 +84,8 @@ def held_out_seeds(num_episodes: int, rank: int, world: int) -> list[int]:
 
 
 def collect_rows(backend, tokenizer, rollout, seeds: list[int], config: RolloutConfig, stats: dict[str, float],
-                 greedy: bool = False, id_offset: int = 0) -> tuple[list[Row], list[Any]]:
+                 greedy: bool = False, id_offset: int = 0, sampling_seed: int | None = None
+                 ) -> tuple[list[Row], list[Any]]:
     """Play every episode of ``rollout`` (a ``wrappers.GroupRollout``) on ``seeds`` to the end, batching all active
     episodes into one ``backend.generate`` call per turn.
 
@@ -98,6 +100,11 @@ def collect_rows(backend, tokenizer, rollout, seeds: list[int], config: RolloutC
     never trained on) skip that work. ``config.row_layout == "trajectory"`` gives one row per
     episode instead (``arena_train.trajectory.collect_trajectories``).
 
+    ``sampling_seed`` (held-out evaluation): sampled responses draw from per-episode streams, each request passing
+    the backend ``seeds=`` ``arena_train.streams.episode_sampling_seeds`` (of this seed, the episode's task seed,
+    its index within its group and the turn), so an episode's tokens do not depend on the episodes batched with
+    it; None (training): the backend's own stream, and no ``seeds`` argument.
+
     The failure policy: a group with a failed episode (an env error: exception, crashed worker, timeout) never
     reaches the update half played, which would put a zero-reward row in its baseline. Its rows and episodes are
     left out, the group is replayed once on the same task seed with a fresh env (the failing env was replaced),
@@ -110,14 +117,15 @@ def collect_rows(backend, tokenizer, rollout, seeds: list[int], config: RolloutC
         play = _collect_steps
     else:
         raise ValueError(f"row_layout must be 'step' or 'trajectory', got {config.row_layout!r}")
-    rows, episodes = play(backend, tokenizer, rollout, seeds, config, stats, greedy, id_offset)
+    rows, episodes = play(backend, tokenizer, rollout, seeds, config, stats, greedy, id_offset,
+                          sampling_seed=sampling_seed)
     failed = rollout.failed_groups()
     if not failed:
         return rows, episodes
     stats["env_errors"] += len(rollout.failures())
     stats["retried_groups"] += len(failed)
     retry_rows, retry_episodes = play(backend, tokenizer, rollout, seeds, config, stats, greedy, id_offset,
-                                      groups=failed)
+                                      groups=failed, sampling_seed=sampling_seed)
     dropped = set(rollout.failed_groups())
     stats["env_errors"] += len(rollout.failures())
     stats["dropped_groups"] += len(dropped)
@@ -130,8 +138,8 @@ def collect_rows(backend, tokenizer, rollout, seeds: list[int], config: RolloutC
 
 
 def _collect_steps(backend, tokenizer, rollout, seeds: list[int], config: RolloutConfig, stats: dict[str, float],
-                   greedy: bool = False, id_offset: int = 0, groups: list[int] | None = None
-                   ) -> tuple[list[Row], list[Any]]:
+                   greedy: bool = False, id_offset: int = 0, groups: list[int] | None = None,
+                   sampling_seed: int | None = None) -> tuple[list[Row], list[Any]]:
     """The "step" layout of ``collect_rows``: a row per turn, for the episodes of ``groups`` (default: all)."""
     rollout.reset(seeds, groups)
     rows: list[Row] = []
@@ -147,12 +155,14 @@ def _collect_steps(backend, tokenizer, rollout, seeds: list[int], config: Rollou
         encoded = fit_prompts(tokenizer, [[rollout.messages(i), *rollout.shorter_messages(i)] for i in active],
                               config.max_prompt_tokens)
         prompts = [ids for ids, _, _ in encoded]
+        streams = request_streams(rollout, active, greedy, sampling_seed)
         if scored:
             generated, logps, entropies = backend.generate_scored(prompts, config.max_response_tokens,
-                                                                  config.temperature, config.top_p, config.top_k)
+                                                                  config.temperature, config.top_p, config.top_k,
+                                                                  **streams)
         else:
             generated = backend.generate(prompts, config.max_response_tokens, config.temperature, config.top_p,
-                                         greedy, config.top_k)
+                                         greedy, config.top_k, **streams)
             logps = entropies = [None] * len(generated)
         responses = cut_at_turn_end(tokenizer, [envs[i] for i in active], generated)
         reasons = turn_stop_reasons(backend, generated, responses, [cut for _, _, cut in encoded],

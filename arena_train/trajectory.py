@@ -31,6 +31,7 @@ from arena_train.rows import (
     encode_prompt,
     turn_stop_reasons,
 )
+from arena_train.streams import request_streams
 from wrappers.special_tokens import escape_special_tokens
 
 #: Stand-in for a response when the chat template renders the text between two assistant turns.
@@ -68,7 +69,8 @@ def fit_context(prompt: list[int], body: list[int], starts: list[int], max_token
 
 def collect_trajectories(backend, tokenizer, rollout, seeds: list[int], config: RolloutConfig,
                          stats: dict[str, float], greedy: bool = False, id_offset: int = 0,
-                         groups: list[int] | None = None) -> tuple[list[Row], list[Any]]:
+                         groups: list[int] | None = None, sampling_seed: int | None = None
+                         ) -> tuple[list[Row], list[Any]]:
     """``collect_rows`` in the trajectory layout: same arguments, same batching (one ``backend.generate`` call per
     turn over all active episodes), one row per episode of ``groups`` (default: all). The env's next message is
     the last message of ``rollout.messages(i)`` (use ``history_length=0``: the sequence already holds the
@@ -101,7 +103,7 @@ def collect_trajectories(backend, tokenizer, rollout, seeds: list[int], config: 
             contexts.append(context)
             cuts.append(cut or overflow)
         generated = backend.generate(contexts, config.max_response_tokens, config.temperature, config.top_p, greedy,
-                                     config.top_k)
+                                     config.top_k, **request_streams(rollout, active, greedy, sampling_seed))
         responses = cut_at_turn_end(tokenizer, [envs[i] for i in active], generated)
         reasons = turn_stop_reasons(backend, generated, responses, cuts, config.max_response_tokens,
                                     tokenizer.eos_token_id)

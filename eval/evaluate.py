@@ -43,6 +43,7 @@ from arena_envs import ENV_IDS, auto_env_workers, held_out_split
 from arena_train.mixture import env_id_problem
 from arena_train.models import model_path_problem
 from arena_train.rollout import EVAL_SEED_OFFSET, VAL_TEMPERATURE, VAL_TOP_K, VAL_TOP_P
+from arena_train.streams import episode_sampling_seeds
 from eval.stats import Estimate, mean_ci, pass_at_k, proportion_ci
 
 DEFAULT_MAX_TURNS = 50
@@ -63,7 +64,10 @@ def hf_policy(model, tokenizer, greedy: bool = True, temperature: float = 1.0, t
     left padding, batched ``generate`` with KV cache, stop at the end token) as a messages -> text policy.
 
     Long prompts keep their last ``max_prompt_tokens`` tokens (the current state is at the end).
-    ``seed`` seeds torch once, so sampled evaluations are reproducible.
+    ``seed``, for sampled decoding: ``evaluate_policy`` passes the policy one seed per episode and turn (keyword
+    ``seeds``: ``arena_train.streams.episode_sampling_seeds`` of this seed), and each response draws from its own
+    stream, so an episode's tokens do not depend on the episodes batched with it; a call without ``seeds`` draws
+    from torch's global stream, seeded once with ``seed``.
     """
     import torch
 
@@ -74,15 +78,16 @@ def hf_policy(model, tokenizer, greedy: bool = True, temperature: float = 1.0, t
         torch.manual_seed(seed)
     backend = HFBackend(model, tokenizer, batch_size=batch_size, top_k=top_k)
 
-    def policy(batch: list[Messages]) -> list[str]:
+    def policy(batch: list[Messages], seeds: list[int] | None = None) -> list[str]:
         encoded = encode_prompts(tokenizer, batch, max_prompt_tokens)
         prompts = [ids for ids, _ in encoded]
-        responses = backend.generate(prompts, max_new_tokens, temperature, top_p, greedy)
+        responses = backend.generate(prompts, max_new_tokens, temperature, top_p, greedy, seeds=seeds)
         policy.stop_counts.update("context_overflow" if cut else reason  # type: ignore[attr-defined]
                                   for (_, cut), reason in zip(encoded, backend.last_stop_reasons))
         return tokenizer.batch_decode(responses, skip_special_tokens=True)
 
     policy.stop_counts = Counter()  # type: ignore[attr-defined]  # why each response ended (rows.TURN_STOPS)
+    policy.sampling_seed = None if greedy else seed  # type: ignore[attr-defined]  # evaluate_policy's streams
     return policy
 
 
@@ -178,6 +183,11 @@ def evaluate_policy(env_id: str, policy: Policy | Literal["expert", "random"], s
                     env_step_timeout: float | None = None) -> EvalResult:
     """Play ``samples`` episodes per task seed with ``policy`` and summarise them.
 
+    A policy with a ``sampling_seed`` attribute other than None (``hf_policy`` sampling with a seed) is called
+    with ``seeds=``, one per prompt: ``arena_train.streams.episode_sampling_seeds`` of that seed (the episode's
+    task seed, its sample index and the turn), so each episode's responses are the same however the episodes
+    are chunked, batched or spread over env workers.
+
     ``env_workers``: 0 steps the envs in this process, N >= 1 in N worker processes, -1 = auto
     (``arena_envs.auto_env_workers``); ``env_step_timeout``: seconds a worker's step may take. An episode that
     fails on an env error is left out of the metrics and counted (``EvalResult.failed_episodes``).
@@ -227,7 +237,9 @@ def evaluate_policy(env_id: str, policy: Policy | Literal["expert", "random"], s
 
                 def tracked(batch: list[Messages], rollout=rollout, act=act, done_before=done_before) -> list[str]:
                     bar.update(done_before + rollout.num_episodes - len(batch) - bar.n)  # episodes finished so far
-                    return act(batch)
+                    if getattr(act, "sampling_seed", None) is None:
+                        return act(batch)
+                    return act(batch, seeds=episode_sampling_seeds(act.sampling_seed, rollout, rollout.active()))
 
                 rollout.run(tracked, max_turns)
                 bar.update(done_before + rollout.num_episodes - bar.n)
@@ -320,7 +332,8 @@ class Args:
     env_kwargs: str = "{}"
     """JSON object of extra env constructor arguments"""
     seed: int = 0
-    """seed of sampling and of the random baseline"""
+    """seed of sampling (each episode's stream: arena_train.streams, from this seed, the task seed, the sample
+    and the turn) and of the random baseline"""
     device: str = "auto"
     out: Path | None = None
     """write results JSON here (and the table next to it as .md)"""

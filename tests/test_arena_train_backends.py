@@ -14,7 +14,15 @@ from hypothesis import strategies as st
 
 from arena_train.backends import HFBackend, rollout_backend_name, sample_categorical, vllm_available
 from arena_train.models import load_model_and_tokenizer
-from arena_train.rollout import EVAL_SEED_OFFSET, RolloutConfig, collect_rows, encode_prompt
+from arena_train.rollout import (
+    EVAL_SEED_OFFSET,
+    VAL_TEMPERATURE,
+    VAL_TOP_K,
+    VAL_TOP_P,
+    RolloutConfig,
+    collect_rows,
+    encode_prompt,
+)
 
 
 @pytest.fixture(scope="module")
@@ -188,15 +196,16 @@ def max_z(freq: torch.Tensor, probs: torch.Tensor, n: int) -> float:
 SETTINGS = [(1.0, 0, 1.0), (0.7, 0, 1.0), (1.0, 10, 1.0), (1.0, 0, 0.5), (0.7, 20, 0.9)]
 
 
-@pytest.mark.parametrize("temperature,top_k,top_p", SETTINGS)
-def test_first_token_frequencies_follow_the_warped_softmax(peaked, temperature, top_k, top_p):
+@pytest.mark.parametrize("temperature,top_k,top_p,seeded", [(*s, False) for s in SETTINGS] + [(0.7, 20, 0.9, True)])
+def test_first_token_frequencies_follow_the_warped_softmax(peaked, temperature, top_k, top_p, seeded):
     """20,000 first tokens (fixed seed) within 5 standard errors of the warped softmax in every bin, never a token
     that top-k / top-p removed; the same frequencies are far (> 5 s.e.) from greedy decoding and, for the warped
-    settings, from the plain softmax, so the check tells the distributions apart."""
+    settings, from the plain softmax, so the check tells the distributions apart. ``seeded``: every row from a
+    stream of its own (``seeds``), the same distribution."""
     model, tokenizer, prompt, logits = peaked
     torch.manual_seed(0)
-    out = HFBackend(model, tokenizer, batch_size=DRAWS, top_k=top_k).generate([prompt] * DRAWS, 1, temperature,
-                                                                               top_p, greedy=False)
+    out = HFBackend(model, tokenizer, batch_size=DRAWS, top_k=top_k).generate(
+        [prompt] * DRAWS, 1, temperature, top_p, greedy=False, seeds=list(range(DRAWS)) if seeded else None)
     freq = torch.bincount(torch.tensor([seq[0] for seq in out]), minlength=len(logits)).double() / DRAWS
     expected = warped_softmax(logits, temperature, top_k, top_p)
     assert max_z(freq, expected, DRAWS) <= 5
@@ -213,6 +222,33 @@ def test_sampling_is_reproducible_from_the_seed(hf):
         torch.manual_seed(seed)
         runs.append(backend.generate(prompts * 4, 8, 1.0, 1.0, greedy=False))
     assert runs[0] == runs[1] and runs[0] != runs[2]
+
+
+def test_a_seeded_row_samples_the_same_tokens_whatever_its_batch(hf):
+    """With ``seeds``, a row's sampled tokens depend on its prompt and seed only: alone, in a batch, at another
+    position, beside other prompts, in batches of 2 without the shared prefill, they are the same; torch's global
+    stream is neither read nor moved. Several seeds on one prompt give different responses (one stream each)."""
+    model, tokenizer, prompts = hf
+    backend = HFBackend(model, tokenizer)
+    seeds = [11, 12, 13]
+
+    def sample(backend, prompts, seeds):
+        return backend.generate(prompts, 8, VAL_TEMPERATURE, VAL_TOP_P, False, VAL_TOP_K, seeds=seeds)
+
+    torch.manual_seed(5)
+    together = sample(backend, prompts, seeds)
+    after = torch.rand(4)
+    torch.manual_seed(5)
+    assert torch.equal(after, torch.rand(4))
+    alone = [sample(backend, [p], [s])[0] for p, s in zip(prompts, seeds)]
+    reordered = sample(backend, [prompts[0], *prompts[::-1]], [99, *seeds[::-1]])[1:][::-1]
+    pairs = sample(HFBackend(model, tokenizer, batch_size=2, share_prompts=False), prompts, seeds)
+    assert together == alone == reordered == pairs
+    group = sample(backend, [prompts[1]] * 8, list(range(8)))
+    assert len({tuple(r) for r in group}) > 4
+    assert sample(backend, [prompts[1]], [3]) == [group[3]]
+    with pytest.raises(ValueError, match="one seed per prompt"):
+        sample(backend, prompts, seeds[:2])
 
 
 def sokoban_group_rollout(num_groups: int, group_size: int):

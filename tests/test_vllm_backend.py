@@ -30,7 +30,7 @@ from conftest import ACCELERATE, CONFIGS, free_port, launch_config
 
 from arena_train.backends import HFBackend, VLLMBackend
 from arena_train.models import load_model_and_tokenizer
-from arena_train.rollout import encode_prompt
+from arena_train.rollout import VAL_TEMPERATURE, VAL_TOP_K, VAL_TOP_P, encode_prompt
 
 
 def _vllm_import_error() -> str | None:
@@ -132,6 +132,23 @@ def test_sampled_responses_are_well_formed(engine, hf, prompts):
     check_responses(out, len(prompts), tokenizer.eos_token_id, len(tokenizer))
     group = engine.generate([prompts[0]] * 4, MAX_NEW, 1.0, 1.0, False)  # a group's episodes share a first prompt
     assert len({tuple(r) for r in group}) > 1
+
+
+def test_a_seeded_request_samples_the_same_tokens_whatever_its_batch(engine, prompts):
+    """With ``seeds`` (held-out evaluation's per-episode streams), a request's sampled tokens depend on its prompt
+    and seed only (vLLM's per-request ``SamplingParams.seed``): alone, together, in another order they are the
+    same; several seeds on one prompt give different responses; greedy decoding ignores the seeds."""
+    seeds = [11, 12, 13, 14]
+
+    def sample(prompts, seeds):
+        return engine.generate(prompts, MAX_NEW, VAL_TEMPERATURE, VAL_TOP_P, False, VAL_TOP_K, seeds=seeds)
+
+    together = sample(prompts, seeds)
+    assert [sample([p], [s])[0] for p, s in zip(prompts, seeds)] == together
+    assert sample(prompts[::-1], seeds[::-1])[::-1] == together
+    group = sample([prompts[0]] * 4, [1, 2, 3, 4])
+    assert len({tuple(r) for r in group}) > 1 and sample([prompts[0]], [3]) == [group[2]]
+    assert engine.generate(prompts, MAX_NEW, 1.0, 1.0, True, seeds=seeds) == greedy(engine, prompts)
 
 
 @torch.no_grad()
