@@ -166,7 +166,14 @@ def test_micro_batch_sync_keeps_every_trained_model_local_until_the_last_micro_b
     with micro_batch_sync(accelerator, [policy, critic], last=True):  # the last one synchronises both
         pass
     assert entered == []
+    from arena_train.update import MicroBatch  # what the scripts call: every trained model, one pass each
+
+    for last, expected in ((False, [policy, critic]), (True, [])):
+        entered.clear()
+        with MicroBatch([], [], {}, last=last, weight=0.0, accelerator=accelerator).sync([policy, critic]):
+            pass
+        assert entered == expected
     for name in ("grpo", "ppo"):  # the scripts hand every trained model to it
         script = Path(__file__).resolve().parents[1] / "algos" / f"{name}.py"
-        assert "micro_batch_sync(accelerator, [policy, *extra_models]" in script.read_text()
+        assert "micro.sync([policy, *extra_models])" in script.read_text()
     assert "extra_models = [critic]" in (Path(__file__).resolve().parents[1] / "algos" / "ppo.py").read_text()
