@@ -1,6 +1,9 @@
-"""Reductions over the processes of an ``accelerate launch`` (a single process is the identity)."""
+"""Reductions over the processes of an ``accelerate launch`` (a single process is the identity), and a free
+rendezvous port for starting one."""
 
 from __future__ import annotations
+
+import socket
 
 import numpy as np
 import torch
@@ -27,3 +30,11 @@ def param_sync_error(accelerator, model) -> float:
                         for p in model.parameters()])
     gathered = accelerator.gather(sums.unsqueeze(0))  # (world, n_params)
     return float((gathered - gathered[0]).abs().max())
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on now: launches side by side (pipeline seeds, tests) each need their own
+    rendezvous, and accelerate's default 29500 is one for all."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

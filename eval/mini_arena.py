@@ -47,6 +47,7 @@ from arena_train.bc import (
     tokenize_examples,
     warmup_cosine_lr,
 )
+from arena_train.dist import free_port
 from arena_train.rollout import EVAL_SEED_OFFSET, RolloutConfig
 from eval.evaluate import EvalResult, evaluate_policy, format_results, hf_policy
 from eval.side_process import SideProcess, bc_env, evaluate_start, run_seeds_apart
@@ -64,14 +65,14 @@ PROFILES: dict[str, dict[str, Any]] = {
                  bc_batch_size=64, bc_learning_rate=1e-3, bc_target=1.0, bc_eval_every=100, bc_eval_start=800,
                  bc_eval_episodes=100, rl_iterations=250, num_groups=8, group_size=8, learning_rate=1e-4,
                  temperature=1.0, mini_batch_size=128, rl_eval_every=10, rl_eval_episodes=100, eval_episodes=300,
-                 max_response_tokens=12),
+                 max_response_tokens=12, bc_threads=2, rl_processes=2),
     # The same recipe on the real pretrained SmolLM2-135M-Instruct: hours on a CPU, minutes on a GPU.
     "smollm2": dict(env_id="ARL/Sokoban-Mini-v0", model="smollm2", tiny_size="xs", teacher="expert", think_horizon=0,
                     bc_episodes=1000,
                     bc_max_steps=400, bc_batch_size=16, bc_learning_rate=5e-5, bc_target=0.45, bc_eval_every=50,
                     bc_eval_start=50, bc_eval_episodes=100, rl_iterations=40, num_groups=8, group_size=8,
                     learning_rate=2e-6, temperature=0.5, mini_batch_size=64, rl_eval_every=5, rl_eval_episodes=100,
-                    eval_episodes=300, max_response_tokens=16),
+                    eval_episodes=300, max_response_tokens=16, bc_threads=1, rl_processes=1),
 }
 
 
@@ -139,13 +140,19 @@ class Args:
     """generation budget per turn"""
     max_prompt_tokens: int = 512
     """prompt budget of BC, RL and evaluation (longer prompts keep their last tokens in BC and evaluation)"""
+    bc_threads: int | None = None
+    """torch threads of the BC training steps (compute-bound: the tiny profile's 2 use both cores of a 2-core
+    machine; another count gives other float sums, so another checkpoint for the same seed)"""
+    rl_processes: int | None = None
+    """processes of the RL stage (accelerate launch, gloo; each plays and trains on its share of the groups, one
+    --torch-threads each): the tiny profile's 2 use both cores; 1 = a plain python run. The numbers depend on it
+    (each process draws from its own streams)"""
     torch_threads: int = 1
-    """CPU threads per process (1 avoids OpenMP contention on shared machines; another count gives other float
-    sums, so other numbers for the same seed)"""
-    overlap: bool = True
+    """CPU threads per process of everything else: evaluation and each RL process (1 avoids OpenMP contention on
+    shared machines; another count gives other float sums, so other numbers for the same seed)"""
+    overlap: bool = False
     """BC validation checks and the BC start's and baselines' held-out evaluation in a second process, beside BC
-    training and the RL stage (the same numbers; --no-overlap: everything in one process, the faster choice on a
-    machine whose cores other jobs keep busy)"""
+    training and the RL stage (the same numbers; off by default, since BC and RL already use two cores)"""
     seed_workers: int = 0
     """pipeline seeds run at once, each in its own process (0: one per core, at most one per seed; 1: one after
     another); each seed gives the same numbers either way"""
@@ -165,6 +172,9 @@ def resolve(args: Args) -> Args:
     for key in ("think_horizon",):
         if getattr(args, key) < 0:
             raise SystemExit(f"--{key.replace('_', '-')} must be >= 0")
+    for key in ("bc_threads", "rl_processes"):
+        if getattr(args, key) < 1:
+            raise SystemExit(f"--{key.replace('_', '-')} must be >= 1")
     if args.seed_workers < 0:
         raise SystemExit("--seed-workers must be >= 0 (0: one per core)")
     for key in ("bc_episodes", "bc_max_steps", "bc_batch_size", "bc_eval_every", "bc_eval_episodes", "rl_iterations",
@@ -206,6 +216,17 @@ def run_bc(args: Args, seed: int, out: Path, side: SideProcess | None = None) ->
     import torch
 
     side = side or SideProcess(0, args.torch_threads)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(args.bc_threads)  # validation runs at --torch-threads (SideProcess), wherever it runs
+    try:
+        return _train_bc(args, seed, out, side)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train_bc(args: Args, seed: int, out: Path, side: SideProcess) -> dict[str, Any]:
+    import torch
+
     make_env = partial(bc_env, args.env_id)
     random.seed(seed), np.random.seed(seed), torch.manual_seed(seed)
     start = time.perf_counter()
@@ -271,10 +292,16 @@ def run_bc(args: Args, seed: int, out: Path, side: SideProcess | None = None) ->
 
 
 # --- stage 3: RL -------------------------------------------------------------------------
-def rl_command(args: Args, seed: int, bc_dir: Path, runs_dir: Path) -> list[str]:
+def rl_command(args: Args, seed: int, bc_dir: Path, runs_dir: Path, port: int | None = None) -> list[str]:
     """The training-script command line of the RL stage (what a user would type); paths absolute, since the
-    script runs in the repository root."""
-    return [sys.executable, str(ROOT / "algos" / f"{args.rl_script}.py"), "--model-path", str(bc_dir.resolve()),
+    script runs in the repository root. ``--rl-processes`` > 1: under ``accelerate launch`` on that many CPU
+    processes (gloo), rendezvous on ``port`` (None: accelerate's default)."""
+    launcher = [sys.executable]
+    if args.rl_processes > 1:  # --multi_gpu: --cpu would start one process; the script's Accelerator picks the CPU
+        launcher += ["-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(args.rl_processes),
+                     "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+                     *(["--main_process_port", str(port)] if port is not None else [])]
+    return [*launcher, str(ROOT / "algos" / f"{args.rl_script}.py"), "--model-path", str(bc_dir.resolve()),
             "--env-id", args.env_id, "--seed", str(seed), "--num-iterations", str(args.rl_iterations),
             "--num-groups", str(args.num_groups), "--group-size", str(args.group_size),
             "--learning-rate", str(args.learning_rate), "--temperature", str(args.temperature),
@@ -290,7 +317,7 @@ def rl_command(args: Args, seed: int, bc_dir: Path, runs_dir: Path) -> list[str]
 
 
 def run_rl(args: Args, seed: int, bc_dir: Path, runs_dir: Path) -> dict[str, Any]:
-    cmd = rl_command(args, seed, bc_dir, runs_dir)
+    cmd = rl_command(args, seed, bc_dir, runs_dir, free_port() if args.rl_processes > 1 else None)
     run_dir = runs_dir / args.rl_script
     run_dir.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
@@ -442,7 +469,7 @@ def write_report(results: dict[str, Any], out: Path) -> str:
     return text
 
 
-def machine_info(torch_threads: int, processes: int) -> dict[str, Any]:
+def machine_info(torch_threads: int, processes: int, bc_threads: int = 1, rl_processes: int = 1) -> dict[str, Any]:
     """What the figures and times of a run were measured on: float sums (and so the exact numbers) and speed
     depend on the CPU, the torch version and the thread count."""
     import platform
@@ -456,12 +483,13 @@ def machine_info(torch_threads: int, processes: int) -> dict[str, Any]:
         cpu = names[0] if names else cpu
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return {"cpu": cpu, "cores": cores, "torch": torch.__version__, "torch_threads": torch_threads,
-            "processes": processes}
+            "processes": processes, "bc_threads": bc_threads, "rl_processes": rl_processes}
 
 
 def describe_machine(machine: dict[str, Any]) -> str:
     return (f"{machine['cpu']}, {machine['cores']} cores, torch {machine['torch']}, {machine['torch_threads']} "
-            f"torch thread(s) per process, {machine['processes']} process(es) at a time")
+            f"torch thread(s) per process, {machine['processes']} process(es) at a time, BC on "
+            f"{machine.get('bc_threads', 1)} thread(s), RL on {machine.get('rl_processes', 1)} process(es)")
 
 
 def peak_rss_mb() -> float:
@@ -590,7 +618,8 @@ def main(args: Args) -> dict[str, Any]:
             peak = max(peak, prev["peak_rss_mb"])
         results = {"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(args).items()},
                    "per_seed": per_seed, "summary": summarize_seeds(per_seed), "wall_s": wall, "peak_rss_mb": peak,
-                   "machine": machine_info(args.torch_threads, 2 if workers > 1 or args.overlap else 1)}
+                   "machine": machine_info(args.torch_threads, 2 if workers > 1 or args.overlap else 1,
+                                           args.bc_threads, args.rl_processes)}
     plot_curves(results["per_seed"], args.out / "learning_curve.png", results["args"]["rl_script"].upper(),
                 results["args"]["temperature"])
     (args.out / "results.json").write_text(json.dumps(results, indent=1, default=str))

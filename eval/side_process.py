@@ -85,13 +85,22 @@ class SideProcess:
     def __init__(self, workers: int, threads: int):
         self.pool = (ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"), initializer=_init,
                                          initargs=(threads,)) if workers > 0 else None)
+        self.threads = threads
         self._sent: set[str] = set()
 
     def submit(self, fn: Callable, *args: Any) -> Future:
+        """``fn(*args)`` in the worker, or at once here at the worker's thread count (BC trains on its own)."""
         if self.pool is not None:
             return self.pool.submit(fn, *args)
+        import torch
+
         future: Future = Future()
-        future.set_result(fn(*args))
+        threads = torch.get_num_threads()
+        torch.set_num_threads(self.threads)
+        try:
+            future.set_result(fn(*args))
+        finally:
+            torch.set_num_threads(threads)
         return future
 
     def validate(self, key: str, model, tokenizer, state: dict[str, Any], env_id: str, episodes: int,

@@ -5,13 +5,14 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from hypothesis import settings
+
+from arena_train.dist import free_port
 
 # Property tests draw the same examples on every run (a red CI run is reproducible, never a coin toss);
 # HYPOTHESIS_PROFILE=explore searches new examples on each run, for local bug hunting.
@@ -51,12 +52,6 @@ def load_benchmark(name: str):
 #: Skip marker for machines without the accelerate CLI.
 needs_accelerate = pytest.mark.skipif(shutil.which("accelerate") is None and not ACCELERATE.exists(),
                                       reason="accelerate CLI not found")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def two_process_launch(script: Path) -> list[str]:
