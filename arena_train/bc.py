@@ -67,17 +67,23 @@ def tokenize_examples(tokenizer, data: list[Example], max_prompt_tokens: int, ch
 
 
 def sft_loss(model, examples: list[tuple[list[int], list[int]]], pad_id: int) -> torch.Tensor:
-    """Mean cross-entropy over response tokens (prompt and padding labelled -100)."""
-    L = max(len(p) + len(r) for p, r in examples)
-    ids = torch.full((len(examples), L), pad_id, dtype=torch.long)
-    labels = torch.full((len(examples), L), -100, dtype=torch.long)
-    attn = torch.zeros((len(examples), L), dtype=torch.long)
+    """Mean cross-entropy over the response tokens of ``examples`` ((prompt ids, response ids) pairs).
+
+    Rows are left-padded, so every response ends in the last column and only the last R + 1 positions (R the
+    longest response) go through the LM head (``logits_to_keep``): the prompt positions' logits, most of a
+    row, are never computed. Position ids count real tokens only, as in an unpadded pass."""
+    B, L, R = len(examples), max(len(p) + len(r) for p, r in examples), max(len(r) for _, r in examples)
+    ids = torch.full((B, L), pad_id, dtype=torch.long)
+    attn = torch.zeros((B, L), dtype=torch.long)
+    labels = torch.full((B, R), -100, dtype=torch.long)  # (B, R): the last R columns' tokens, responses only
     for b, (p, r) in enumerate(examples):
-        seq = torch.tensor(p + r)
-        ids[b, :len(seq)], attn[b, :len(seq)] = seq, 1
-        labels[b, len(p):len(seq)] = torch.tensor(r)
+        ids[b, L - len(p) - len(r):], attn[b, L - len(p) - len(r):] = torch.tensor(p + r), 1
+        labels[b, R - len(r):] = torch.tensor(r)
     device = next(model.parameters()).device
-    return model(input_ids=ids.to(device), attention_mask=attn.to(device), labels=labels.to(device)).loss
+    positions = (attn.cumsum(-1) - 1).clamp(min=0)  # (B, L)
+    logits = model(input_ids=ids.to(device), attention_mask=attn.to(device), position_ids=positions.to(device),
+                   logits_to_keep=R + 1).logits[:, :-1]  # (B, R, V): columns L-R-1 .. L-2 predict L-R .. L-1
+    return torch.nn.functional.cross_entropy(logits.reshape(B * R, -1).float(), labels.reshape(-1).to(device))
 
 
 def warmup_cosine_lr(step: int, peak: float, floor: float, warmup_steps: int, total_steps: int) -> float:

@@ -33,19 +33,30 @@ def hf(tiny_model):
 
 
 def test_loss_counts_response_tokens_only(hf):
+    """Prompts and responses of different lengths in one left-padded batch: the loss and its gradient are those of
+    the mean over all response tokens, each from an unpadded pass of its own example."""
     model, tokenizer = hf
     data = [([{"role": "user", "content": "Push every box."}], "<think></think><action>up</action>"),
-            ([{"role": "user", "content": "box (X)"}], "<action>left</action>")]
+            ([{"role": "user", "content": "box (X) here"}], "<action>left</action>"),
+            ([{"role": "user", "content": "A much longer prompt: push the box onto the target, then stop."}],
+             "<think>left up up right</think><action>left</action>")]
     examples = tokenize_examples(tokenizer, data, 512)
     assert all(r[-1] == tokenizer.eos_token_id for _, r in examples)
-    with torch.no_grad():
-        loss = sft_loss(model, examples, tokenizer.pad_token_id)
-        total, count = 0.0, 0
-        for p, r in examples:  # mean over all response tokens of the batch, each from an unpadded pass
-            logits = model(input_ids=torch.tensor([p + r])).logits[0, len(p) - 1:-1]
-            total += float(torch.nn.functional.cross_entropy(logits, torch.tensor(r), reduction="sum"))
-            count += len(r)
-    assert math.isclose(float(loss), total / count, rel_tol=1e-5)
+    assert len({len(p) for p, _ in examples}) == len({len(r) for _, r in examples}) == 3
+    loss = sft_loss(model, examples, tokenizer.pad_token_id)
+    grad = torch.autograd.grad(loss, list(model.parameters()), allow_unused=True)
+    total, count = 0.0, 0
+    for p, r in examples:  # mean over all response tokens of the batch, each from an unpadded pass
+        logits = model(input_ids=torch.tensor([p + r])).logits[0, len(p) - 1:-1]
+        total = total + torch.nn.functional.cross_entropy(logits, torch.tensor(r), reduction="sum")
+        count += len(r)
+    reference = total / count
+    expected = torch.autograd.grad(reference, list(model.parameters()), allow_unused=True)
+    assert math.isclose(float(loss), float(reference), rel_tol=1e-5)
+    for g, e in zip(grad, expected):
+        assert (g is None) == (e is None)
+        if g is not None:
+            torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-6)
 
 
 def test_batched_tokenization_gives_the_one_by_one_ids(hf):

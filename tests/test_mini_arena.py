@@ -42,8 +42,8 @@ def _without_times(record):
 
 @pytest.mark.slow
 def test_pipeline_end_to_end(tmp_path):
-    """Seeds 3 and 4 in processes of their own (evaluation beside training off), then seed 4 alone in one
-    process with its evaluation in the second process: the same numbers for seed 4."""
+    """Seeds 3 and 4 in processes of their own (evaluation in line), then seed 4 alone with its evaluation in the
+    second process (--overlap): the same numbers for seed 4."""
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "eval.mini_arena", "--out", str(out), "--seeds", "3", "4", "--seed-workers", "2",
            *TINY]
@@ -51,7 +51,7 @@ def test_pipeline_end_to_end(tmp_path):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "2 pipeline seeds, 2 at a time" in proc.stdout
     alone = tmp_path / "alone"
-    cmd = [sys.executable, "-m", "eval.mini_arena", "--out", str(alone), "--seeds", "4", *TINY]
+    cmd = [sys.executable, "-m", "eval.mini_arena", "--out", str(alone), "--seeds", "4", "--overlap", *TINY]
     proc = subprocess.run(cmd, cwd=ROOT, env=_env(tmp_path), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     full = json.loads((out / "results.json").read_text())
@@ -63,7 +63,8 @@ def test_pipeline_end_to_end(tmp_path):
     assert seed["bc"]["step"] in (2, 4) and seed["bc"]["curve"][-1]["step"] >= seed["bc"]["step"]
     metrics = seed["rl"]["metrics"]
     assert [m["iteration"] for m in metrics] == [1, 2] and all("eval/success_rate" in m for m in metrics)
-    assert seed["rl"]["command"][1].endswith("sampo.py") and "--cold-start-steps" in seed["rl"]["command"]
+    assert seed["rl"]["command"][:3] == [sys.executable, "-m", "accelerate.commands.launch"]  # 2 RL processes
+    assert any(c.endswith("sampo.py") for c in seed["rl"]["command"]) and "--cold-start-steps" in seed["rl"]["command"]
     # BC and RL are evaluated on the same held-out seeds, beside the expert and random baselines
     ev = seed["eval"]
     assert ev["bc"]["num_seeds"] == ev["rl"]["num_seeds"] == 3
@@ -76,7 +77,7 @@ def test_pipeline_end_to_end(tmp_path):
     assert set(seed["timing"]) == {"bc_s", "rl_s", "eval_s"} and full["peak_rss_mb"] > 0
     # the report names its machine beside the figures and stage times, on the console too
     machine = json.loads((alone / "results.json").read_text())["machine"]
-    assert machine == mini_arena.machine_info(1, 2) == full["machine"]
+    assert machine == mini_arena.machine_info(1, 2, 2, 2) == full["machine"]
     assert f"Machine: {mini_arena.describe_machine(machine)}." in report and "Machine: " in proc.stdout
 
 
@@ -142,7 +143,7 @@ def test_teacher_baseline_is_the_teacher_playing_the_held_out_rooms():
 
 
 @pytest.mark.parametrize("flag,value", [("--bc-max-steps", "0"), ("--think-horizon", "-1"), ("--num-groups", "0"),
-                                        ("--rl-script", "nope")])
+                                        ("--rl-script", "nope"), ("--bc-threads", "0"), ("--rl-processes", "0")])
 def test_bad_settings_exit_with_a_message(flag, value, capsys):
     args = mini_arena.Args(out=Path("unused"))
     setattr(args, flag.lstrip("-").replace("-", "_"), int(value) if value.lstrip("-").isdigit() else value)
@@ -154,13 +155,15 @@ def test_bad_settings_exit_with_a_message(flag, value, capsys):
 def test_machine_info_names_the_cpu_cores_and_torch():
     import torch
 
-    machine = mini_arena.machine_info(2, 1)
+    machine = mini_arena.machine_info(2, 1, 3, 4)
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.is_file() and "model name" in cpuinfo.read_text():
         assert machine["cpu"] in cpuinfo.read_text()
     assert machine["cores"] == len(os.sched_getaffinity(0)) and machine["torch"] == torch.__version__
-    assert (machine["torch_threads"], machine["processes"]) == (2, 1)
-    assert "2 torch thread(s) per process, 1 process(es)" in mini_arena.describe_machine(machine)
+    assert (machine["torch_threads"], machine["processes"], machine["bc_threads"], machine["rl_processes"]) == \
+        (2, 1, 3, 4)
+    assert "2 torch thread(s) per process, 1 process(es) at a time, BC on 3 thread(s), RL on 4 process(es)" in \
+        mini_arena.describe_machine(machine)
 
 
 def test_profiles_fill_every_unset_field():
@@ -171,14 +174,46 @@ def test_profiles_fill_every_unset_field():
 
 def test_rl_command_uses_the_scripts_flags():
     args = mini_arena.resolve(mini_arena.Args(rl_args=["--kl-coef", "0"]))
-    cmd = mini_arena.rl_command(args, 7, Path("bc"), Path("runs"))
+    cmd = mini_arena.rl_command(args, 7, Path("bc"), Path("runs"), port=29601)
     sampo = load_script("sampo")
     text = " ".join(cmd)
     assert "--seed 7" in text and f"--model-path {Path('bc').resolve()}" in text and "--prompt-style compact" in text
     assert cmd[-2:] == ["--kl-coef", "0"]
-    parsed = parse_args(sampo.Args, sampo.GPU_PROFILE, cmd[2:])  # every flag exists in the script
+    script = next(k for k, c in enumerate(cmd) if c.endswith("sampo.py"))
+    assert cmd[:script] == [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+                            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+                            "--main_process_port", "29601"]  # the tiny profile's 2 RL processes
+    parsed = parse_args(sampo.Args, sampo.GPU_PROFILE, cmd[script + 1:])  # every flag exists in the script
     assert parsed.num_iterations == args.rl_iterations and parsed.cold_start_steps == 0
     assert parsed.max_prompt_tokens == args.max_prompt_tokens == 512  # BC, RL and evaluation share the budget
+    args.rl_processes = 1
+    assert mini_arena.rl_command(args, 7, Path("bc"), Path("runs"))[:2] == [sys.executable, str(cmd[script])]
+
+
+def test_bc_trains_on_its_threads_and_validates_on_the_evaluation_threads(tmp_path, monkeypatch):
+    """--bc-threads sets the training steps' thread count only: validation in line runs at --torch-threads, as in
+    the second process, so both give the same checks; the caller's count is restored afterwards."""
+    import torch
+
+    from arena_train import bc
+
+    monkeypatch.setenv("ARENA_CACHE", str(tmp_path / "cache"))
+    seen: dict[str, set[int]] = {"train": set(), "validate": set()}
+
+    def counting(name, fn):
+        def wrapped(*a, **k):
+            seen[name].add(torch.get_num_threads())
+            return fn(*a, **k)
+        return wrapped
+
+    monkeypatch.setattr(mini_arena, "sft_loss", counting("train", bc.sft_loss))
+    monkeypatch.setattr(bc, "validation_success", counting("validate", bc.validation_success))
+    args = mini_arena.resolve(mini_arena.Args(bc_episodes=8, bc_max_steps=4, bc_batch_size=4, bc_eval_every=2,
+                                              bc_eval_start=2, bc_eval_episodes=1, max_response_tokens=4,
+                                              bc_threads=2, torch_threads=1))
+    before = torch.get_num_threads()
+    mini_arena.run_bc(args, 5, tmp_path / "bc")
+    assert seen == {"train": {2}, "validate": {1}} and torch.get_num_threads() == before
 
 
 @given(st.lists(st.tuples(st.floats(0, 1), st.floats(0, 1)), min_size=1, max_size=6))
