@@ -529,7 +529,7 @@ def run_seed(args: Args, seed: int, side: SideProcess | None = None) -> dict[str
     seeds = [EVAL_SEED_OFFSET + k for k in range(args.eval_episodes)]
     t_start_eval = time.perf_counter()
     start_eval = side.submit(evaluate_start, args, seed_dir / "bc", seeds)
-    t_start_eval = time.perf_counter() - t_start_eval  # in line (--no-overlap): the whole evaluation
+    t_start_eval = time.perf_counter() - t_start_eval  # in line (no --overlap): the whole evaluation
     if not args.skip_rl and prev is not None and "rl" in prev and Path(prev["rl"]["model"]).is_dir():
         record["rl"], timing["rl_s"] = prev["rl"], prev["timing"]["rl_s"]
         print(f"[seed {seed}] RL: reusing {prev['rl']['model']}", flush=True)

@@ -1,12 +1,11 @@
-"""The mini-arena's second process: greedy evaluations that need no answer before training goes on (BC validation
-checks, the BC start's held-out evaluation and the baselines) run there while the main process trains; several
-pipeline seeds run in processes of their own.
+"""The mini-arena's second process (``--overlap``): greedy evaluations that need no answer before training goes on
+(BC validation checks, the BC start's held-out evaluation and the baselines) run there while the main process
+trains; several pipeline seeds run in processes of their own.
 
-Why a process and not torch threads: the tiny model's training step is the only compute-bound work, and a
-second intra-op thread changes the float order of its reductions (other weights, other numbers for the same seed)
-and stalls at every barrier when the machine is shared. Greedy evaluation draws no random numbers and runs the
-same code at the same thread count in either process, so moving it changes no result (``--no-overlap`` runs
-everything in one process; tests/test_mini_arena.py compares the two bit for bit).
+Greedy evaluation draws no random numbers and runs the same code at the same thread count (``--torch-threads``) in
+either process, so moving it changes no result (in line, ``SideProcess(0, ...)`` runs it at that thread count too;
+tests/test_mini_arena.py compares the two bit for bit). It pays only where a core is free: the default trains BC on
+two threads and RL on two processes, which keep a 2-core machine busy, so the default evaluates in line.
 
 The process is started with ``spawn``: a forked child of a process whose tokenizer already used its thread pool
 would run with tokenizer parallelism disabled and a warning.
@@ -119,7 +118,7 @@ class SideProcess:
         try:
             return future.result()
         except BrokenProcessPool as err:
-            raise SystemExit("the mini-arena's evaluation process died (out of memory?); rerun with --no-overlap "
+            raise SystemExit("the mini-arena's evaluation process died (out of memory?); rerun without --overlap "
                              "to evaluate in the main process") from err
 
     def close(self) -> None:

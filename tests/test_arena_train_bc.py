@@ -52,7 +52,7 @@ def test_loss_counts_response_tokens_only(hf):
         count += len(r)
     reference = total / count
     expected = torch.autograd.grad(reference, list(model.parameters()), allow_unused=True)
-    assert math.isclose(float(loss), float(reference), rel_tol=1e-5)
+    assert math.isclose(loss.item(), reference.item(), rel_tol=1e-5)
     for g, e in zip(grad, expected):
         assert (g is None) == (e is None)
         if g is not None:
