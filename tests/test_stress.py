@@ -4,8 +4,7 @@ verdict's KL floor within the first iterations, SAMPO's sequence clip does not.
 
 Not in the default suite (marker ``stress``): ``python -m pytest -q -m stress tests/test_stress.py``. It needs the
 mini-arena's seed-1 BC checkpoint (``runs/mini_arena/seed1/bc``) and builds it first when it is missing
-(``python -m eval.mini_arena --skip-rl --seeds 1 --bc-threads 1``, ~8 min on 2 cores: BC on one thread, the
-checkpoint the stress setting was chosen and run from). Deterministic on one machine: the runs are
+(``python -m eval.mini_arena --skip-rl --seeds 1``, ~8 min on 2 cores). Deterministic on one machine: the runs are
 seeded and use one torch thread.
 """
 
@@ -37,7 +36,7 @@ def _env() -> dict[str, str]:
 @pytest.fixture(scope="module")
 def bc_checkpoint() -> Path:
     if not (BC / "model.safetensors").is_file():
-        subprocess.run([sys.executable, "-m", "eval.mini_arena", "--skip-rl", "--seeds", "1", "--bc-threads", "1"],
+        subprocess.run([sys.executable, "-m", "eval.mini_arena", "--skip-rl", "--seeds", "1", "--no-overlap"],
                        cwd=ROOT, env=_env(), check=True)
     return BC
 
