@@ -140,8 +140,9 @@ def arena_args(args: Args) -> mini_arena.Args:
               "learning_rate", "temperature", "mini_batch_size", "eval_episodes", "max_response_tokens",
               "max_prompt_tokens", "torch_threads")
     # the studies' BC start is the env's own expert (TextWorld has no other teacher), as in their published figures
+    # one BC thread and one RL process per run, as the studies were measured (--torch-threads applies to each)
     arena = mini_arena.Args(profile="tiny", out=args.out, rl_eval_every=0, rl_eval_episodes=1, teacher="expert",
-                            think_horizon=0, **{k: getattr(args, k) for k in shared})
+                            think_horizon=0, bc_threads=1, rl_processes=1, **{k: getattr(args, k) for k in shared})
     return mini_arena.resolve(arena)
 
 
