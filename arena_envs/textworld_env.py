@@ -124,8 +124,9 @@ def cached_game(kind: str, options: dict[str, Any] | None, seed: int, cache_dir:
                 continue
             # json first, z8 last: the z8 file's presence marks a complete cache entry
             os.replace(os.path.splitext(compiled)[0] + ".json", folder / f"seed{int(seed)}.json")
-            shutil.move(compiled, str(folder / f"seed{int(seed)}.z8.tmp"))
-            os.replace(folder / f"seed{int(seed)}.z8.tmp", game_file)
+            staged = folder / f"seed{int(seed)}.z8.{os.getpid()}.tmp"  # one per writer: processes generating the
+            shutil.move(compiled, str(staged))  # same game side by side never collide
+            os.replace(staged, game_file)
             return game_file
     raise RuntimeError(f"{kind} seed {seed}: generation failed {MAX_GENERATION_ATTEMPTS} times: {errors[-3:]}")
 

@@ -47,7 +47,7 @@ from arena_train.bc import (
     tokenize_examples,
     warmup_cosine_lr,
 )
-from arena_train.dist import free_port
+from arena_train.dist import cpu_launch, free_port
 from arena_train.rollout import EVAL_SEED_OFFSET, RolloutConfig
 from eval.evaluate import EvalResult, evaluate_policy, format_results, hf_policy
 from eval.side_process import SideProcess, bc_env, evaluate_start, run_seeds_apart
@@ -166,6 +166,7 @@ class Args:
 
 
 def resolve(args: Args) -> Args:
+    processes_from_profile = args.rl_processes is None
     for key, value in PROFILES[args.profile].items():
         if getattr(args, key) is None:
             setattr(args, key, value)
@@ -182,11 +183,28 @@ def resolve(args: Args) -> Args:
                 "max_response_tokens"):
         if getattr(args, key) < 1:
             raise SystemExit(f"--{key.replace('_', '-')} must be >= 1")
+    _fit_rl_processes(args, processes_from_profile)
     if not args.seeds:
         raise SystemExit("--seeds needs at least one seed")
     if not (ROOT / "algos" / f"{args.rl_script}.py").is_file():
         raise SystemExit(f"no RL script algos/{args.rl_script}.py")
     return args
+
+
+def _fit_rl_processes(args: Args, from_profile: bool) -> None:
+    """Each RL process plays an equal share of the groups and held-out episodes. A profile's process count that
+    does not divide them (a small try, e.g. --num-groups 1) falls to the largest one that does; a count given on
+    the command line is an error here, before BC spends its minutes."""
+    fits = [n for n in range(args.rl_processes, 0, -1)
+            if args.num_groups % n == 0 and args.rl_eval_episodes % n == 0]
+    if fits[0] == args.rl_processes:
+        return
+    if not from_profile:
+        raise SystemExit(f"--num-groups ({args.num_groups}) and --rl-eval-episodes ({args.rl_eval_episodes}) must be "
+                         f"multiples of --rl-processes ({args.rl_processes}); try --rl-processes {fits[0]}")
+    print(f"RL on {fits[0]} process(es), not the profile's {args.rl_processes}: --num-groups {args.num_groups} and "
+          f"--rl-eval-episodes {args.rl_eval_episodes} must be multiples of it", flush=True)
+    args.rl_processes = fits[0]
 
 
 @contextlib.contextmanager
@@ -296,11 +314,7 @@ def rl_command(args: Args, seed: int, bc_dir: Path, runs_dir: Path, port: int | 
     """The training-script command line of the RL stage (what a user would type); paths absolute, since the
     script runs in the repository root. ``--rl-processes`` > 1: under ``accelerate launch`` on that many CPU
     processes (gloo), rendezvous on ``port`` (None: accelerate's default)."""
-    launcher = [sys.executable]
-    if args.rl_processes > 1:  # --multi_gpu: --cpu would start one process; the script's Accelerator picks the CPU
-        launcher += ["-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(args.rl_processes),
-                     "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-                     *(["--main_process_port", str(port)] if port is not None else [])]
+    launcher = cpu_launch(args.rl_processes, port) if args.rl_processes > 1 else [sys.executable]
     return [*launcher, str(ROOT / "algos" / f"{args.rl_script}.py"), "--model-path", str(bc_dir.resolve()),
             "--env-id", args.env_id, "--seed", str(seed), "--num-iterations", str(args.rl_iterations),
             "--num-groups", str(args.num_groups), "--group-size", str(args.group_size),

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
-from arena_train.dist import free_port
+from arena_train.dist import cpu_launch
+from arena_train.dist import free_port as dist_free_port
 
 # Property tests draw the same examples on every run (a red CI run is reproducible, never a coin toss);
 # HYPOTHESIS_PROFILE=explore searches new examples on each run, for local bug hunting.
@@ -54,13 +55,21 @@ needs_accelerate = pytest.mark.skipif(shutil.which("accelerate") is None and not
                                       reason="accelerate CLI not found")
 
 
-def two_process_launch(script: Path) -> list[str]:
-    """``accelerate launch`` of ``script`` on 2 CPU processes.
+def free_port() -> int:
+    """A rendezvous port of this test process's own range: pytest-xdist workers run launches side by side, and
+    ranges below the kernel's ephemeral ports (from 32768) are never handed to anyone else."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    base = 20000 + 1000 * (int(worker.removeprefix("gw")) % 12)
+    _port_calls[0] += 1  # two launches built before either binds get different ports
+    return dist_free_port(base + (_port_calls[0] + k) % 1000 for k in range(1000))
 
-    ``--cpu`` silently starts one process; ``--multi_gpu`` with ``Accelerator(cpu=True)`` in the script gives two.
-    """
-    return [str(ACCELERATE), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-            "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()), str(script)]
+
+_port_calls = [0]
+
+
+def two_process_launch(script: Path) -> list[str]:
+    """``accelerate launch`` of ``script`` on 2 CPU processes."""
+    return [*cpu_launch(2, free_port()), str(script)]
 
 
 def run_two_processes(source: str, folder: Path, *args: str) -> subprocess.CompletedProcess:

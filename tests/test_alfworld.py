@@ -312,3 +312,24 @@ def test_bad_arguments_fail_clearly(tmp_path):
         ALFWorldEnv(expert="oracle")
     with pytest.raises(ValueError, match="games_per_task"):
         ALFWorldEnv(games_per_task=0)
+
+
+def _write_same_trial(args) -> str:
+    folder, rec, times = args
+    for _ in range(times):
+        write_trial(folder, rec["problem"], rec["traj_data"], rec["walkthrough"])
+    return (folder / "game.tw-pddl").read_text()
+
+
+def test_processes_writing_the_same_game_at_once_never_collide(tmp_path):
+    """Env workers and test workers fill one cache side by side: each writer stages its files under its own
+    name, so none loses its file to another's rename, and every file ends whole."""
+    import multiprocessing
+
+    rec = read_committed("valid_seen")[0]
+    with multiprocessing.get_context("spawn").Pool(2) as pool:
+        games = pool.map(_write_same_trial, [(tmp_path / "trial", rec, 150)] * 4)
+    assert all(json.loads(g)["walkthrough"] == rec["walkthrough"] for g in games)
+    assert json.loads((tmp_path / "trial" / "traj_data.json").read_text()) == rec["traj_data"]
+    assert sorted(p.name for p in (tmp_path / "trial").iterdir()) == ["game.tw-pddl", "initial_state.pddl",
+                                                                     "traj_data.json"]

@@ -152,6 +152,17 @@ def test_bad_settings_exit_with_a_message(flag, value, capsys):
     assert flag in str(err.value) or value in str(err.value)
 
 
+def test_rl_processes_fit_the_groups_and_evaluation_episodes(capsys):
+    """The profile's 2 RL processes fall to 1 for a one-group try (each process plays an equal share); an explicit
+    count that does not divide them stops before BC, naming the count that would."""
+    args = mini_arena.resolve(mini_arena.Args(num_groups=1))
+    assert args.rl_processes == 1 and "RL on 1 process(es)" in capsys.readouterr().out
+    assert mini_arena.resolve(mini_arena.Args(num_groups=4, rl_eval_episodes=6)).rl_processes == 2
+    assert mini_arena.resolve(mini_arena.Args(num_groups=6, rl_eval_episodes=9, rl_processes=3)).rl_processes == 3
+    with pytest.raises(SystemExit, match="try --rl-processes 1"):
+        mini_arena.resolve(mini_arena.Args(rl_eval_episodes=3, rl_processes=2))
+
+
 def test_machine_info_names_the_cpu_cores_and_torch():
     import torch
 

@@ -31,9 +31,14 @@ def write_trial(trial_dir: Path, problem: str, traj_data: dict, walkthrough: lis
     trial_dir.mkdir(parents=True, exist_ok=True)
     game = {"pddl_domain": domain, "grammar": grammar.replace("UNKNOWN GOAL", task_sentence(traj_data)),
             "pddl_problem": problem, "solvable": walkthrough is not None, "walkthrough": walkthrough or []}
-    (trial_dir / "initial_state.pddl").write_text(problem)
-    (trial_dir / "traj_data.json").write_text(json.dumps(traj_data, indent=1))
-    tmp = trial_dir / "game.tw-pddl.tmp"
-    tmp.write_text(json.dumps(game))
-    os.replace(tmp, trial_dir / "game.tw-pddl")  # atomic: concurrent workers never read half a file
+    _write_atomic(trial_dir / "initial_state.pddl", problem)
+    _write_atomic(trial_dir / "traj_data.json", json.dumps(traj_data, indent=1))
+    _write_atomic(trial_dir / "game.tw-pddl", json.dumps(game))  # last: its presence marks a complete trial
     return trial_dir / "game.tw-pddl"
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """Concurrent workers writing the same game never read half a file, nor collide on one temporary name."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
