@@ -116,6 +116,22 @@ def test_shipped_config_loads():
     assert all(j.argv[0] == "python" and j.argv[1].startswith("algos/") for j in sweep.jobs)
 
 
+def test_kl_off_config_is_the_stress_setting_with_one_change():
+    """stress_kl_off.toml's runs are stress.toml's, flag for flag, but for --kl-coef 0 (a lever, not a new setting)."""
+    configs = Path(__file__).parents[1] / "eval" / "configs"
+    stress = {(j.method, j.seed): j.argv for j in load_sweep(configs / "stress.toml").jobs}
+    kl_off = load_sweep(configs / "stress_kl_off.toml").jobs
+    assert {j.method for j in kl_off} == {"SAPO", "CISPO", "GSPO", "SAMPO", "GRPO"} and len(kl_off) == 15
+    for job in kl_off:
+        base = stress[job.method, job.seed]
+        assert job.overrides == {"--kl-coef": "0"} and job.argv[:2] == base[:2]
+        flags = job.argv[2:]
+        assert flags[:2] == ["--kl-coef", "0"] and "--kl-coef" not in flags[2:]
+        strip = {base[-3], base[-1]}  # the run name and runs folder differ by design
+        assert [a for a in flags[2:] if a not in strip | {job.name, "runs/stress_kl_off"}] == \
+            [a for a in base[2:] if a not in strip]
+
+
 # A stand-in training script: records its flags; fails while FAIL exists after writing metrics (and a checkpoint
 # pointer when asked), as a run killed mid-way would leave its folder.
 SCRIPT = """
