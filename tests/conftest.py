@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import os
 import shutil
 import subprocess
@@ -60,11 +61,11 @@ def free_port() -> int:
     ranges below the kernel's ephemeral ports (from 32768) are never handed to anyone else."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
     base = 20000 + 1000 * (int(worker.removeprefix("gw")) % 12)
-    _port_calls[0] += 1  # two launches built before either binds get different ports
-    return dist_free_port(base + (_port_calls[0] + k) % 1000 for k in range(1000))
+    start = next(_PORT_CALLS)  # two launches built before either binds get different ports
+    return dist_free_port(base + (start + k) % 1000 for k in range(1000))
 
 
-_port_calls = [0]
+_PORT_CALLS = itertools.count(1)
 
 
 def two_process_launch(script: Path) -> list[str]:
