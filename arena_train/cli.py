@@ -58,6 +58,9 @@ class RunArgs:
     """delete the run already in output_dir/run_name and start over (without this or --resume it is an error)"""
     dry_run: bool = False
     """print this run's per-GPU memory plan (policy, reference, optimizer, activations, vLLM) and exit"""
+    log_episodes: int = 16
+    """training episodes recorded per iteration in runs/<run_name>/episodes/ (0 = none; held-out evaluations always
+    record all theirs): docs/metrics.md "Episode records", python -m eval.view"""
     track: bool = False
     """also log to Weights & Biases"""
     wandb_project: str = "arlarena"
@@ -172,7 +175,8 @@ RANGES: dict[str, tuple[float | None, float | None, bool]] = {
                      "num_episodes", "num_steps", "batch_size", "max_num_gen_batches"), (1, None, True)),
     # torch_threads 0 = default_threads(); micro_batch_tokens 0 = no token cap
     **dict.fromkeys(("history_length", "checkpoint_every", "eval_every", "weight_decay", "kl_coef",
-                     "format_penalty", "warmup_steps", "torch_threads", "micro_batch_tokens", "max_env_failures"),
+                     "format_penalty", "warmup_steps", "torch_threads", "micro_batch_tokens", "max_env_failures",
+                     "log_episodes"),
                     (0, None, True)),
     **dict.fromkeys(("learning_rate", "temperature", "max_grad_norm", "env_step_timeout"), (0, None, False)),
     "env_workers": (-1, None, True),  # -1 = auto

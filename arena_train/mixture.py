@@ -36,7 +36,9 @@ from typing import Any
 import numpy as np
 
 from arena_envs.pool import EnvError, EnvPool, LocalEnvs
+from arena_train.episodes import EpisodeRecorder, TurnTap, episode_record, turn_rows
 from arena_train.rollout import (
+    EVAL_SEED_OFFSET,
     RolloutConfig,
     Row,
     collect_rows,
@@ -240,7 +242,10 @@ class MixtureRollout:
 
     The training envs of an env are made when an iteration first draws that many of its groups (for one id:
     all of them here, as ``GroupRollout`` did) and reused afterwards. ``close`` ends the workers (they also end
-    with the process)."""
+    with the process).
+
+    ``recorder`` (set by ``Run.rollouts``): an ``arena_train.episodes.EpisodeRecorder`` that receives the first
+    training episodes of each iteration and every held-out episode (None: no records)."""
 
     def __init__(self, mixture: Mixture, make_env: Callable[..., Any], num_groups: int, group_size: int,
                  eval_episodes: int, eval_split: str | None = None, env_workers: int = 0,
@@ -248,7 +253,8 @@ class MixtureRollout:
         self.mixture, self.make_env = mixture, make_env
         self.num_groups, self.group_size = num_groups, group_size
         self._rollouts: dict[tuple[int, int], GroupRollout] = {}
-        splits = [eval_split_of(e, eval_split) for e in mixture.env_ids]  # never 'train'
+        self.recorder: EpisodeRecorder | None = None
+        self.eval_splits = splits = [eval_split_of(e, eval_split) for e in mixture.env_ids]  # never 'train'
         self._runners = [self._runner(e, "train", num_groups * group_size, env_workers, step_timeout)
                          for e in mixture.env_ids]
         if len(mixture.env_ids) == 1:
@@ -304,9 +310,15 @@ class MixtureRollout:
             seeds = [s for env, s in tasks if env == k]
             if not seeds:
                 continue
-            env_rows, env_episodes = collect_rows(backend, tokenizer, self.rollout(k, len(seeds)), seeds,
+            rollout = self.rollout(k, len(seeds))
+            tap = TurnTap(rollout) if self.recorder is not None and self.recorder.train_wanted > 0 else None
+            env_rows, env_episodes = collect_rows(backend, tokenizer, tap or rollout, seeds,
                                                   self.mixture.rollout_config(k, config), stats, greedy, offset)
-            rows += [_tagged(EnvRow, r, env=name) for r in env_rows]
+            tagged = [_tagged(EnvRow, r, env=name) for r in env_rows]
+            if tap is not None:  # the tagged rows are those the script fills with advantages
+                self.recorder.add_train(env_id=self.mixture.env_ids[k], split="train", tap=tap, episodes=env_episodes,
+                                        rows=tagged, id_offset=offset, group_size=self.group_size)
+            rows += tagged
             episodes += [_tagged(EnvEpisode, e, env=name, episode=e.episode + offset, group=e.group + offset)
                          for e in env_episodes]
             offset += len(seeds) * self.group_size
@@ -320,18 +332,34 @@ class MixtureRollout:
         (``collect_rows``' ``sampling_seed``), so an episode's result does not depend on the split over processes,
         batches or env workers; None: the backend's own stream.
         An episode that fails on an env error is replayed once, then left out of the success rates
-        (``eval/failed_episodes`` counts those); ``eval/stop/...`` are the stop-reason fractions."""
+        (``eval/failed_episodes`` counts those); ``eval/stop/...`` are the stop-reason fractions. With a
+        ``recorder``, every held-out episode's record goes to it (gathered on the main process)."""
         from arena_train.dist import global_mean
         from arena_train.logger import pooled_means, stop_metrics
 
         seeds = held_out_seeds(eval_episodes, rank, world)
         wins: dict[str, list[float]] = {}
         stats: dict[str, float] = defaultdict(float)
+        records: list[dict] = []
         for k, name in enumerate(self.mixture.names):
-            _, held_out = collect_rows(backend, tokenizer, self.eval_rollouts[k], seeds,
-                                       self.mixture.rollout_config(k, config), stats, greedy=greedy,
-                                       sampling_seed=seed)
+            tap = TurnTap(self.eval_rollouts[k]) if self.recorder is not None else None
+            rows, held_out = collect_rows(backend, tokenizer, tap or self.eval_rollouts[k], seeds,
+                                          self.mixture.rollout_config(k, config), stats, greedy=greedy,
+                                          sampling_seed=seed)
             wins[f"eval/{name}/success_rate"] = [float(e.won) for e in held_out]
+            if tap is not None:
+                by_turn = turn_rows(rows, 0)
+                records += [episode_record(env_id=self.mixture.env_ids[k], split=self.eval_splits[k], source="eval",
+                                           stats=e, group_size=1, turns=tap.turns.get(e.episode, []), rows=by_turn,
+                                           group=e.task_seed - EVAL_SEED_OFFSET, episode=e.task_seed - EVAL_SEED_OFFSET)
+                            for e in held_out]
+        if self.recorder is not None:
+            if world > 1:
+                from accelerate.utils import gather_object
+
+                records = gather_object(records)
+            if accelerator.is_main_process:
+                self.recorder.add_eval(records)
         out = {"eval/success_rate": global_mean(accelerator, [w for ws in wins.values() for w in ws])}
         if len(wins) > 1:
             out.update(pooled_means(accelerator, wins))
