@@ -13,10 +13,10 @@ import importlib
 
 import gymnasium as gym
 
-from arena_envs.base import CHARSET, INFO_KEYS, EnvStateError, TextEnv, text_space
+from arena_envs.base import CHARSET, INFO_KEYS, EnvStateError, EpisodeGuard, TextEnv, text_space
 
 __all__ = ["CHARSET", "INFO_KEYS", "TextEnv", "text_space", "ENV_IDS", "ENGINE_EXTRAS", "EnvStateError",
-           "missing_extra", "env_recipe", "held_out_split", "auto_env_workers"]
+           "EpisodeGuard", "missing_extra", "env_recipe", "held_out_split", "auto_env_workers"]
 
 # id -> (entry point, max_episode_steps, kwargs)
 _SPECS: dict[str, tuple[str, int, dict]] = {
@@ -104,10 +104,15 @@ def held_out_split(env_id: str) -> str:
     return _HELD_OUT.get(env_id, "test")
 
 
+#: Applied by ``gym.make`` above its ``TimeLimit``: a step after the step limit's truncation raises EnvStateError.
+_GUARD = gym.envs.registration.WrapperSpec("EpisodeGuard", "arena_envs.base:EpisodeGuard", {})
+
+
 def _register_all() -> None:
     for env_id, (entry_point, max_steps, kwargs) in _SPECS.items():
         if env_id not in gym.registry:
-            gym.register(id=env_id, entry_point=entry_point, max_episode_steps=max_steps, kwargs=kwargs)
+            gym.register(id=env_id, entry_point=entry_point, max_episode_steps=max_steps, kwargs=kwargs,
+                         additional_wrappers=(_GUARD,))
 
 
 _register_all()

@@ -43,6 +43,8 @@ RENDER_STYLES = {
     "spaced": lambda row: " ".join(row),
 }
 
+#: Longest ``layout`` reset option (characters): a 30x30 room; the solver's work grows with the room.
+MAX_LAYOUT_CHARS = 30 * 31
 STEP_REWARD, BOX_ON_REWARD, BOX_OFF_REWARD, SOLVED_REWARD = -0.1, 1.0, -1.0, 10.0
 
 _INSTRUCTIONS = """Sokoban symbols: # wall, _ floor, O target, X box, P player, √ box on a target, S player on a target.
@@ -72,6 +74,8 @@ class SokobanEnv(TextEnv):
         split: "train", "test" (held-out rooms, by layout hash) or "all".
     """
 
+    reset_options = ("layout",)
+
     def __init__(self, dim_room: tuple[int, int] = (6, 6), num_boxes: int = 1, search_depth: int = 30,
                  min_solution_length: int = 1, max_solution_length: int = 15,
                  render_style: str = "verl", split: str = "train", render_mode: str | None = None):
@@ -99,10 +103,18 @@ class SokobanEnv(TextEnv):
         self._plan_state: State | None = None
 
     # --- episode -------------------------------------------------------------------
-    def _reset(self, options: dict[str, Any] | None) -> tuple[str, dict[str, Any]]:
+    def _reset(self, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         """``options={"layout": "<compact grid>"}`` plays a fixed puzzle instead of a generated one."""
-        if options and "layout" in options:
-            self._room = parse_layout(options["layout"])
+        layout = options.get("layout")
+        if layout is not None:
+            if not isinstance(layout, str):
+                raise TypeError(f"reset option 'layout' must be a str (a compact grid), got {type(layout).__name__}")
+            if len(layout) > MAX_LAYOUT_CHARS:
+                raise ValueError(f"reset option 'layout' is longer than {MAX_LAYOUT_CHARS} characters")
+            try:
+                self._room = parse_layout(layout)
+            except ValueError as err:
+                raise ValueError(f"reset option 'layout': {err}") from None
         else:
             self._room = draw_in_split(self.np_random, self.split, self._generate, room_key)
         self._free = frozenset(int(i) for i in np.flatnonzero(self._room.fixed.ravel() != WALL))

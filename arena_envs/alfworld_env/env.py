@@ -8,7 +8,7 @@ from typing import Any
 from arena_envs.alfworld_env.engine import ExpertTracker, make_engine, planner_plan
 from arena_envs.alfworld_env.games import SPLITS, GeneratedGames, find_data_root, official_games, task_type_names
 from arena_envs.alfworld_env.generator import TASK_TYPES
-from arena_envs.base import TextEnv
+from arena_envs.base import TextEnv, int_option, require_extra
 
 
 class ALFWorldEnv(TextEnv):
@@ -36,10 +36,13 @@ class ALFWorldEnv(TextEnv):
     which must observe every step (costs per step and needs the engine's facts).
     """
 
+    reset_options = ("game",)
+
     def __init__(self, split: str = "train", data_path: str | None = None,
                  task_types=tuple(TASK_TYPES), expert: str = "planner", success_reward: float = 10.0,
                  cache_dir: str | None = None, games_per_task: int | None = None, render_mode: str | None = None):
         super().__init__(render_mode=render_mode)
+        require_extra("alfworld", ("alfworld", "textworld"), "ALFWorld (ARL/ALFWorld-*)")
         if expert not in ("planner", "handcoded"):
             raise ValueError(f"expert must be 'planner' or 'handcoded', got {expert!r}")
         names = task_type_names(task_types)
@@ -66,11 +69,10 @@ class ALFWorldEnv(TextEnv):
 
     # --- TextEnv hooks --------------------------------------------------------------
     def _reset(self, options):
-        options = options or {}
-        index = options.get("game")
+        index = int_option(options, "game")
         if index is None:
             index = int(self.np_random.integers(len(self.game_files)))
-        self.gamefile = self.game_files[int(index) % len(self.game_files)]
+        self.gamefile = self.game_files[index % len(self.game_files)]
         if self._loaded != self.gamefile:  # re-parsing domain and grammar is the slow part of a reset
             self._engine.load(self.gamefile)
             self._loaded = self.gamefile

@@ -13,7 +13,7 @@ from __future__ import annotations
 import difflib
 from typing import Any
 
-from arena_envs.base import CHARSET, TextEnv
+from arena_envs.base import CHARSET, TextEnv, int_option
 from arena_envs.swe import commands
 from arena_envs.swe.generator import Task, generate_task
 from arena_envs.swe.runner import MESSAGE_CHARS, grade_calls, run_tests
@@ -60,6 +60,7 @@ class SWEMiniEnv(TextEnv):
     """
 
     max_observation_chars = MAX_OBSERVATION_CHARS
+    reset_options = ("task_seed",)
 
     def __init__(self, num_modules: int = 3, functions_per_module: int = 5, num_bugs: int = 1,
                  num_distractors: int = 1, split: str = "train", dense_reward: bool = False,
@@ -78,13 +79,13 @@ class SWEMiniEnv(TextEnv):
         self._done = False
 
     # --- episode ----------------------------------------------------------------------
-    def _reset(self, options: dict[str, Any] | None) -> tuple[str, dict[str, Any]]:
+    def _reset(self, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         low, high = SPLITS[self.split]
-        task_seed = (options or {}).get("task_seed")
+        task_seed = int_option(options, "task_seed")
         if task_seed is None:
             task_seed = int(self.np_random.integers(low, high))
-        elif not low <= int(task_seed) < high:
-            raise ValueError(f"task_seed {task_seed} is outside the {self.split} split [{low}, {high})")
+        elif not low <= task_seed < high:
+            raise ValueError(f"reset option 'task_seed' {task_seed} is outside the {self.split} split [{low}, {high})")
         self.task = generate_task(int(task_seed), **self.knobs)
         self.files = dict(sorted(self.task.files.items()))
         self._viewing, self._tested, self._done = None, False, False

@@ -23,11 +23,11 @@ share a problem.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from arena_envs.base import TextEnv
+from arena_envs.base import TextEnv, int_option
 from arena_envs.splits import check_split, draw_in_split, select_split
 from arena_envs.tirmath.answer import extract_boxed, extract_code, first_boxed_end, is_correct
 from arena_envs.tirmath.data import FAMILIES, Problem, generate_problem, load_problems
@@ -54,6 +54,24 @@ def _question(problem: Problem) -> str:
     return problem.question
 
 
+def _problem_option(value: Any) -> Problem:
+    """The ``problem`` reset option: a ``Problem`` or a dict with a non-empty ``question`` and an ``answer``."""
+    if isinstance(value, Problem):
+        return value
+    if not isinstance(value, Mapping):
+        raise TypeError(f"reset option 'problem' must be a Problem or a dict with 'question' and 'answer', "
+                        f"got {type(value).__name__}")
+    for key in ("question", "answer"):
+        field = value.get(key)
+        if field is None:
+            raise ValueError(f"reset option 'problem' lacks {key!r} (a dict with 'question' and 'answer')")
+        if isinstance(field, bool) or not isinstance(field, (str, int, float)):
+            raise TypeError(f"reset option 'problem' needs {key!r} as a str, got {type(field).__name__}")
+        if not str(field).strip():
+            raise ValueError(f"reset option 'problem' has an empty {key!r}")
+    return Problem(str(value["question"]), str(value["answer"]), "options")
+
+
 class TIRMathEnv(TextEnv):
     """Multi-turn math with a Python tool; see the module docstring for the protocol.
 
@@ -68,6 +86,8 @@ class TIRMathEnv(TextEnv):
         timeout, memory_mb: per-run sandbox limits (ARLArena recipe: 3 s, 2 GB).
         sandbox: a ``Sandbox``; default = one shared server per process.
     """
+
+    reset_options = ("problem", "index")
 
     def __init__(self, data: str | Path | Sequence[Problem] = "synthetic", *, split: str = "train",
                  families: Sequence[str] | None = None, max_turns: int = 5, max_output_chars: int = 512,
@@ -116,17 +136,15 @@ class TIRMathEnv(TextEnv):
         return self._problem
 
     # --- TextEnv hooks ----------------------------------------------------------------
-    def _reset(self, options: dict[str, Any] | None) -> tuple[str, dict[str, Any]]:
-        options = options or {}
-        if "problem" in options:
-            p = options["problem"]
-            self._problem = p if isinstance(p, Problem) else Problem(str(p["question"]), str(p["answer"]), "options")
+    def _reset(self, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        index = int_option(options, "index")
+        if options.get("problem") is not None:
+            self._problem = _problem_option(options["problem"])
         elif self._problems is None:
             self._problem = draw_in_split(self.np_random, self.split,
                                           lambda rng: generate_problem(rng, self._families), _question)
         else:
-            idx = options.get("index")
-            idx = int(self.np_random.integers(len(self._problems))) if idx is None else int(idx) % len(self._problems)
+            idx = int(self.np_random.integers(len(self._problems))) if index is None else index % len(self._problems)
             self._problem = self._problems[idx]
         self._turn, self._expert_value = 0, None
         return self._problem.question, {"turn": 0, "source": self._problem.source}

@@ -37,7 +37,7 @@ import os
 import re
 from typing import Any
 
-from arena_envs.base import TextEnv
+from arena_envs.base import TextEnv, int_option
 from arena_envs.webshop.catalog import MAX_QUERY_CHARS, Catalog, Goal, Product
 from arena_envs.webshop.original import ENV_VAR, load_original
 from arena_envs.webshop.reward import best_options, purchase_score
@@ -100,6 +100,8 @@ class WebShopEnv(TextEnv):
             single quotes; the done page unchanged).
     """
 
+    reset_options = ("goal_index",)
+
     def __init__(self, data_path: str | os.PathLike | None = None, human_goals: bool = False,
                  num_products: int | None = None, catalog_seed: int = 0, split: str = "train",
                  reward_mode: str = "arlarena", obs_format: str = "webshop", render_mode: str | None = None):
@@ -131,13 +133,11 @@ class WebShopEnv(TextEnv):
         self._plans: dict[str, tuple[Product, dict[str, str], float] | None] = {}
 
     # --- TextEnv ----------------------------------------------------------------------
-    def _reset(self, options: dict[str, Any] | None) -> tuple[str, dict[str, Any]]:
-        idx = (options or {}).get("goal_index")
+    def _reset(self, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        idx = int_option(options, "goal_index", 0, len(self.catalog.goals))
         if idx is None:
             idx = self.goal_indices[int(self.np_random.integers(len(self.goal_indices)))]
-        elif not 0 <= int(idx) < len(self.catalog.goals):
-            raise ValueError(f"goal_index must be in [0, {len(self.catalog.goals)}), got {idx}")
-        self.goal_index = int(idx)
+        self.goal_index = idx
         self.goal = self.catalog.goals[self.goal_index]
         self._page, self._results, self._result_page = "search", (), 1
         self._product, self._options, self._score = None, {}, 0.0
