@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from arena_envs import EpisodeGuard
 from wrappers import (
     AnchorState,
     FormatPenalty,
@@ -107,7 +108,7 @@ def test_stack_order_is_anchor_then_penalty_then_prompt():
     env = make_env("ARL/Sokoban-v0")
     assert isinstance(env, PromptHistory)
     assert isinstance(env.env, FormatPenalty) and isinstance(env.env.env, AnchorState)
-    assert isinstance(env.env.env.env, gym.wrappers.TimeLimit)
+    assert isinstance(env.env.env.env, EpisodeGuard) and isinstance(env.env.env.env.env, gym.wrappers.TimeLimit)
 
 
 def test_anchor_is_the_raw_observation_not_the_prompt():
