@@ -6,11 +6,11 @@ A script calls, in order (``algos/grpo.py``):
     backend = run.rollout_backend(...)         # after the models are prepared
     run.resume(collapse, optimizer, config)    # alarm, checkpoint 0 or the resumed one, logger
     rollouts = run.rollouts(...)               # the mixture's envs (env workers, failure policy)
-    for iteration in run.iterations(n):        # a progress bar from the resumed iteration
+    for iteration in run.iterations(n):        # held-out evaluation at iteration 0, then a progress bar
         ...
         action = run.log(iteration, metrics)   # alarm + logger + env-failure streak: "go", "stop" or "rollback"
         run.checkpoint(iteration)
-    run.finish(policy, tokenizer, backend, rollouts)   # final model, consistency check, summary
+    run.finish(policy, tokenizer, backend, rollouts)   # final model, consistency check, summary, verdict
 
 The pieces have their own tested modules (``checkpoint``, ``monitor``, ``logger``, ``mixture``); this one fixes
 their order, which resume, rollback and multi-process runs depend on, and holds the run folder's rules and the
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
@@ -36,13 +36,15 @@ import torch
 from arena_train.checkpoint import resume_latest, save_checkpoint
 from arena_train.cli import EngineArgs, EvalArgs, RunArgs
 from arena_train.dist import param_sync_error
+from arena_train.episodes import EPISODES_DIR, EpisodeRecorder, file_iteration
 from arena_train.logger import MetricsLogger
 from arena_train.mixture import FailureStreak, Mixture, MixtureRollout, check_resume
 from arena_train.monitor import CollapseConfig, CollapseMonitor, checkpoints_to_keep, restore_healthy
 from arena_train.rollout import RolloutConfig
+from arena_train.verdict import run_verdict, verdict_line
 
 #: What a training script writes into its run folder.
-RUN_ENTRIES = ("metrics.jsonl", "checkpoints", "tb", "final", "args.json", "summary.json")
+RUN_ENTRIES = ("metrics.jsonl", "checkpoints", "tb", "final", "args.json", "summary.json", EPISODES_DIR)
 
 
 def writable_problem(folder: Path) -> str | None:
@@ -135,6 +137,12 @@ class Run:
     optimizer: Any = None
     keep: int = 2
     _last: int = field(default=0, repr=False)
+    _backend: Any = field(default=None, repr=False)  # what the iteration-0 evaluation needs (rollout_backend,
+    _tokenizer: Any = field(default=None, repr=False)  # rollouts)
+    _rollouts: MixtureRollout | None = field(default=None, repr=False)
+    _eval_sampling: RolloutConfig | None = field(default=None, repr=False)
+    _bar: Any = field(default=None, repr=False)
+    _postfix: dict[str, str] = field(default_factory=dict, repr=False)
 
     @classmethod
     def start(cls, run: RunArgs, engine: EngineArgs, evaluation: EvalArgs, mixture: Mixture, *, exp_name: str,
@@ -184,11 +192,12 @@ class Run:
         from arena_train.sharding import make_rollout_backend
 
         e = self.engine
-        return make_rollout_backend(
+        self._backend = make_rollout_backend(
             e.rollout_backend, self.accelerator, policy, tokenizer, self.model_path, self.dtype,
             seed=self.seed + self.rank, max_model_len=max_model_len, mixed_precision=e.mixed_precision,
             max_num_seqs=max_num_seqs, gpu_memory_utilization=e.vllm_gpu_memory_utilization,
             precision=e.rollout_precision)
+        return self._backend
 
     def rollouts(self, make_env: Callable[..., Any], num_groups: int, group_size: int, tokenizer,
                  sampling: RolloutConfig) -> MixtureRollout:
@@ -201,6 +210,10 @@ class Run:
                                   env_workers=e.env_workers, step_timeout=e.env_step_timeout)
         rollouts.require_prompts_fit(tokenizer, sampling, seed=self.seed)
         self.env_failures = FailureStreak(e.max_env_failures, rollouts)
+        rollouts.recorder = EpisodeRecorder(self.run.log_episodes if self.accelerator.is_main_process else 0)
+        self._tokenizer, self._rollouts = tokenizer, rollouts
+        self._eval_sampling = replace(sampling, temperature=self.eval.eval_temperature, top_p=self.eval.eval_top_p,
+                                      top_k=self.eval.eval_top_k)  # the scripts' `evaluation`
         return rollouts
 
     def resume(self, collapse: CollapseConfig, optimizer, config: dict[str, Any]) -> int:
@@ -225,17 +238,59 @@ class Run:
         return self.start_iteration
 
     def iterations(self, num_iterations: int) -> Iterator[int]:
-        """Iterations ``start_iteration .. num_iterations`` under a progress bar (main process)."""
+        """Iterations ``start_iteration .. num_iterations`` under a progress bar (main process) that shows the
+        rollout success, the last held-out success and the KL to the reference.
+
+        A new run with evaluation on (``--eval-every`` > 0) first evaluates the start weights, logged as
+        iteration 0 (the verdict's baseline; the alarm does not see it, so its decisions are those of a run
+        without it). Held-out decoding draws from per-episode streams and the held-out envs are their own, so the
+        rows the run trains on are the same with or without it. A resumed run keeps its iteration-0 line and
+        drops the episode files of the iterations it replays."""
         from tqdm.auto import tqdm
 
         self._last = num_iterations
-        return iter(tqdm(range(self.start_iteration, num_iterations + 1), initial=self.start_iteration - 1,
-                         total=num_iterations, desc=self.exp_name, disable=not self.accelerator.is_main_process))
+        if self.start_iteration > 1:
+            self._drop_episodes_from(self.start_iteration)
+        elif self.eval_due(0) and self._rollouts is not None and self._backend is not None:
+            metrics = self._rollouts.evaluate(self.accelerator, self._backend, self._tokenizer, self._eval_sampling,
+                                              self.eval.eval_episodes, self.rank, self.world,
+                                              greedy=self.eval.eval_greedy, seed=self.seed)
+            if self.logger is not None:
+                self.logger.log(0, metrics)
+            self._record(0, metrics)
+        self._bar = tqdm(range(self.start_iteration, num_iterations + 1), initial=self.start_iteration - 1,
+                         total=num_iterations, desc=self.exp_name, disable=not self.accelerator.is_main_process)
+        if self._postfix:
+            self._bar.set_postfix(self._postfix, refresh=False)
+        return iter(self._bar)
 
     def eval_due(self, iteration: int) -> bool:
-        """Held-out evaluation every ``--eval-every`` iterations and after the last one (0 = never)."""
+        """Held-out evaluation at the start (iteration 0: ``iterations`` runs it), every ``--eval-every``
+        iterations and after the last one (0 = never)."""
         every = self.eval.eval_every
         return every > 0 and (iteration % every == 0 or iteration == self._last)
+
+    def _drop_episodes_from(self, iteration: int) -> None:
+        """Delete the episode files of ``iteration`` and later (a resumed run plays them again)."""
+        if not self.accelerator.is_main_process:
+            return
+        for path in (self.run_dir / EPISODES_DIR).glob("*.jsonl"):
+            found = file_iteration(path)
+            if found is not None and found >= iteration:
+                path.unlink()
+
+    def _record(self, iteration: int, metrics: dict[str, float]) -> None:
+        """The episode records since the last iteration into ``episodes/``, and the progress bar's figures."""
+        if self._rollouts is not None and self._rollouts.recorder is not None and self.accelerator.is_main_process:
+            self._rollouts.recorder.flush(self.run_dir, iteration)
+        shown = {"success": "rollout/success_rate", "held-out": "eval/success_rate", "kl": "actor/kl_ref"}
+        for label, key in shown.items():
+            value = metrics.get(key)
+            if value is not None:
+                self._postfix[label] = f"{value:.3g}" if label == "kl" else f"{100 * value:.0f}%"
+        self._postfix = {label: self._postfix[label] for label in shown if label in self._postfix}
+        if self._bar is not None:
+            self._bar.set_postfix(self._postfix, refresh=False)
 
     def log(self, iteration: int, metrics: dict[str, float]) -> str:
         """The alarm's signals (added to ``metrics`` as ``stability/*``), the logger, the env-failure streak.
@@ -249,6 +304,7 @@ class Run:
             self.accelerator.print(step.message)
         if self.logger is not None:
             self.logger.log(iteration, metrics)
+        self._record(iteration, metrics)
         self.env_failure = self.env_failures.update(metrics)
         if self.env_failure is not None:
             return "stop"
@@ -268,7 +324,8 @@ class Run:
     def finish(self, policy, tokenizer, backend, rollouts: MixtureRollout) -> None:
         """Close the env workers; after env failures exit naming the env and its error (the last checkpoint
         stays); else save the final model (a normal HF folder), check that every process holds the same weights
-        and write summary.json."""
+        and write summary.json with the verdict (``arena_train.verdict``: held-out success at the start, best and
+        final, the paired gain), also printed as the last line."""
         from arena_train.sharding import save_final_model
 
         acc = self.accelerator
@@ -279,9 +336,12 @@ class Run:
         sync_error = param_sync_error(acc, policy)
         final = save_final_model(acc, policy, tokenizer, self.run_dir / "final")  # every process joins the gather
         if acc.is_main_process:
+            verdict = run_verdict(self.run_dir)
             self.logger.close(summary={"world_size": self.world, "param_sync_error": sync_error,
-                                       "final_model": str(final), **self.monitor.summary()})
-            acc.print(f"done: metrics in {self.run_dir / 'metrics.jsonl'}, model in {final}")
+                                       "final_model": str(final), **self.monitor.summary(), "verdict": verdict})
+            acc.print(f"done: metrics in {self.run_dir / 'metrics.jsonl'}, episodes in "
+                      f"{self.run_dir / EPISODES_DIR}, model in {final}")
+            acc.print(verdict_line(verdict))
         backend.close()  # vLLM: after the last collective, before the process group ends
         acc.end_training()
 

@@ -74,6 +74,52 @@ def proportion_ci(successes: int, n: int, confidence: float = 0.95) -> Estimate:
     return Estimate(p, min(p, max(0.0, centre - half)), max(p, min(1.0, centre + half)), n)
 
 
+def clustered_proportion_ci(per_seed: Sequence[Sequence[float]], confidence: float = 0.95) -> Estimate:
+    """Success rate over several episodes per task seed (0/1 outcomes, grouped by seed), with a Wilson interval at
+    the effective sample size: the episodes of one seed are not independent, so n is shrunk by the design effect
+    (the variance of the per-seed means over that of as many independent episodes), never grown past the
+    episodes nor below the seeds. Stays inside [0, 1] unlike a t-interval; ``n`` of the result counts seeds."""
+    groups = [[float(x) for x in g] for g in per_seed if len(g)]
+    m, total = len(groups), sum(len(g) for g in groups)
+    if m == 0:
+        return Estimate(math.nan, math.nan, math.nan, 0)
+    p = math.fsum(math.fsum(g) for g in groups) / total
+    means = [math.fsum(g) / len(g) for g in groups]
+    n_eff = float(total)
+    if m > 1 and 0 < p < 1:
+        var_mean = math.fsum((x - p) ** 2 for x in means) / (m - 1) / m  # variance of the mean over seeds
+        if var_mean > 0:
+            n_eff = min(float(total), max(float(m), p * (1 - p) / var_mean))
+    z = NormalDist().inv_cdf(0.5 + confidence / 2)
+    denom = 1 + z * z / n_eff
+    centre = (p + z * z / (2 * n_eff)) / denom
+    half = z * math.sqrt(p * (1 - p) / n_eff + z * z / (4 * n_eff * n_eff)) / denom
+    return Estimate(p, min(p, max(0.0, centre - half)), max(p, min(1.0, centre + half)), m)
+
+
+def paired_difference_ci(pairs: Sequence[tuple[bool, bool]], confidence: float = 0.95) -> Estimate:
+    """Difference of two success rates measured on the same tasks, ``after - before``, from (before, after) pairs:
+    Newcombe's hybrid score interval for paired proportions (Newcombe 1998, method 10: Wilson intervals of both
+    rates combined through the phi correlation of the pairs). Stays inside [-1, 1]; ``n`` counts the pairs."""
+    n = len(pairs)
+    if n == 0:
+        return Estimate(math.nan, math.nan, math.nan, 0)
+    a = sum(1 for x, y in pairs if x and y)
+    b = sum(1 for x, y in pairs if x and not y)
+    c = sum(1 for x, y in pairs if not x and y)
+    d = n - a - b - c
+    before, after = proportion_ci(a + b, n, confidence), proportion_ci(a + c, n, confidence)
+    p1, p2 = before.mean, after.mean
+    denom = (a + b) * (c + d) * (a + c) * (b + d)
+    phi = (a * d - b * c) / math.sqrt(denom) if denom > 0 else 0.0
+    diff = p2 - p1
+    down = math.sqrt(max(0.0, (p2 - after.low) ** 2 - 2 * phi * (p2 - after.low) * (before.high - p1)
+                         + (before.high - p1) ** 2))
+    up = math.sqrt(max(0.0, (after.high - p2) ** 2 - 2 * phi * (after.high - p2) * (p1 - before.low)
+                       + (p1 - before.low) ** 2))
+    return Estimate(diff, max(-1.0, diff - down), min(1.0, diff + up), n)
+
+
 def pass_at_k(n: int, c: int, k: int) -> float:
     """Unbiased pass@k (Chen et al., 2021): P(at least one of k draws out of n succeeds)."""
     if not 0 <= c <= n or not 1 <= k <= n:
