@@ -91,7 +91,7 @@ class TIRMathEnv(TextEnv):
 
     def __init__(self, data: str | Path | Sequence[Problem] = "synthetic", *, split: str = "train",
                  families: Sequence[str] | None = None, max_turns: int = 5, max_output_chars: int = 512,
-                 timeout: float = 3.0, memory_mb: int = 2048, verify_timeout: float = 5.0,
+                 timeout: float = 3.0, memory_mb: int = 2048, verify_timeout: float = 1.0,
                  sandbox: Sandbox | None = None, render_mode: str | None = None):
         super().__init__(render_mode=render_mode)
         self.split = split
