@@ -67,8 +67,9 @@ class Args:
     """HF hub id or local folder ('tiny', 'smollm2' = offline models from arena_models); default: algos/sft.py's"""
     seed: int = 1
     """seed of everything (tasks, sampling, init)"""
-    num_iterations: int = 30
-    """number of rollout + update iterations"""
+    num_iterations: int = 100
+    """number of rollout + update iterations (100: every method of the paper's comparison gains on the default BC
+    start within it, docs/mini_arena.md; about 3-5 minutes of one CPU process)"""
     num_groups: int = 8
     """task instances (groups) per iteration, over all processes"""
     group_size: int = 8
@@ -83,10 +84,11 @@ class Args:
     """prompt template of the wrappers: 'arlarena' (the paper's layout), 'full' or 'compact' (tiny models)"""
     max_prompt_tokens: int = 512
     """longer prompts drop their oldest history pairs first (never the instructions or the task)"""
-    max_response_tokens: int = 16
-    """new tokens generated per turn"""
-    temperature: float = 0.5
-    """sampling temperature of training rollouts (log-probs use the same temperature)"""
+    max_response_tokens: int = 12
+    """new tokens generated per turn (12: algos/sft.py's default responses, a plan of up to 4 moves, are 5-9)"""
+    temperature: float = 1.0
+    """sampling temperature of training rollouts (log-probs use the same temperature); 1.0 explores past the BC
+    teacher's mistakes: it gained faster than 0.5 from the same start (docs/mini_arena.md, what was tried)"""
     top_p: float = 1.0
     """nucleus sampling of training rollouts"""
     format_penalty: float = 0.1

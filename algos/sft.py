@@ -1,9 +1,13 @@
 """Behaviour cloning (SFT) initialisation for the RL scripts: `python algos/sft.py`.
 
 ARLArena starts every RL run from a behaviour-cloned model (§1.3). This script
-1. collects expert trajectories from any env's ``expert_action()`` through the same wrapper stack and
-   prompt format as the RL scripts, labelling the states visited while executing a random action with
-   probability ``--random-action-prob`` (recovery states the expert alone never visits);
+1. collects a teacher's trajectories through the same wrapper stack and prompt format as the RL scripts,
+   labelling the states visited while executing a random action with probability ``--random-action-prob``
+   (recovery states the teacher alone never visits). The default teacher is the imperfect greedy heuristic of
+   ``arena_envs.sokoban_teachers`` (61.7 % of the held-out rooms) with its plan of its next moves in ``<think>``:
+   the cloned model leaves the RL scripts room to gain, and its responses vary in length with the state, so
+   length- and token-level choices change the gradient (docs/mini_arena.md). ``--teacher expert`` clones the
+   env's optimal ``expert_action()`` instead (every env has one; an env without teacher plans always uses it);
 2. fine-tunes (full or LoRA) on ``<think>…</think><action>…</action>`` responses with the chat
    template, loss on response tokens only;
 3. evaluates greedily on validation seeds every ``--eval-every`` steps and keeps the best checkpoint
@@ -25,6 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from arena_envs.sokoban_teachers import TEACHERS
 from arena_train.bc import (
     collect_expert_data,
     load_or_build_model,
@@ -61,9 +66,17 @@ class Args:
     num_episodes: int = 4000
     """expert episodes collected (task seeds 0..N-1)"""
     random_action_prob: float = 0.2
-    """probability of executing a random action instead of the expert's (recovery states)"""
+    """probability of executing a random action instead of the teacher's (recovery states)"""
+    teacher: str = "greedy"
+    """who labels the data: a teacher of arena_envs.sokoban_teachers (greedy, no-up-push, optimal) on envs with
+    teacher plans (Sokoban; the others use their expert), or 'expert' (the env's optimal expert_action). Default
+    greedy: an imperfect teacher (61.7 % held-out) whose clone RL improves on; cloning the optimal expert leaves
+    no room (docs/mini_arena.md)"""
+    think_horizon: int = 4
+    """moves of the teacher's plan written in <think> (0: --think); 4 makes responses 5-9 tokens, varying with
+    the state, as in eval.mini_arena"""
     think: str = ""
-    """text placed inside <think></think> of every expert response"""
+    """text placed inside <think></think> of every expert response (and of a teacher's with --think-horizon 0)"""
     max_turns: int = 10
     """turn budget per episode (data and evaluation)"""
     history_length: int = 0
@@ -74,10 +87,10 @@ class Args:
     """format penalty of the wrapper stack (only affects logged rewards)"""
     max_prompt_tokens: int = 512
     """prompts longer than this keep their last tokens"""
-    max_response_tokens: int = 24
-    """generation budget in evaluation"""
-    num_steps: int = 800
-    """optimizer steps"""
+    max_response_tokens: int = 12
+    """generation budget in evaluation (the RL scripts' default: a 4-move plan and the tags fit)"""
+    num_steps: int = 1500
+    """optimizer steps (eval.mini_arena's: imitating the plans takes longer than the 6-token expert responses)"""
     batch_size: int = 64
     """examples per step"""
     learning_rate: float = 1e-3
@@ -93,8 +106,11 @@ class Args:
     lora_r: int = 16
     """LoRA rank"""
     eval_every: int = 100
-    """greedy evaluation on validation seeds every N steps (and at the end)"""
-    eval_episodes: int = 200
+    """greedy evaluation on validation seeds every N steps from --eval-start (and at the end)"""
+    eval_start: int = 800
+    """first step that may be validated: earlier checkpoints of the default run have not reached the plans'
+    phase transition, and validation is a fifth of the run's time"""
+    eval_episodes: int = 100
     """validation episodes per evaluation"""
     seed: int = 1
     """seed of data collection, initialisation and batching"""
@@ -108,7 +124,10 @@ def main(args: Args) -> None:
     import wrappers
 
     out = Path(args.output_dir)
-    problem = (range_problem(args, {"eval_every": (1, None, True)}) or model_path_problem(args.model_path)
+    problem = (range_problem(args, {"eval_every": (1, None, True), "think_horizon": (0, None, True)})
+               or (f"error: --teacher {args.teacher!r} is not one of: expert, {', '.join(TEACHERS)}"
+                   if args.teacher not in ("expert", *TEACHERS) else None)
+               or model_path_problem(args.model_path)
                or run_dir_problem(out, resume=False, overwrite=args.overwrite, entries=SFT_ENTRIES, resumable=False))
     if problem is not None:
         raise SystemExit(problem)
@@ -131,11 +150,16 @@ def main(args: Args) -> None:
             counts[k] += 1
         return counts.tolist()
 
+    # teacher plans exist on Sokoban only: the other envs' labels are their expert's
+    teacher = {env_id: args.teacher if hasattr(env_maker(env_id)().unwrapped, "teacher_plan") else "expert"
+               for env_id in mixture.env_ids}
+
     t0 = time.perf_counter()
     data = [example for env_id, n in zip(mixture.env_ids, shares(args.num_episodes)) for example in
-            collect_expert_data(env_maker(env_id), n, args.max_turns, args.random_action_prob, args.think, args.seed)]
-    print(f"collected {len(data)} expert examples from {args.num_episodes} episodes in "
-          f"{time.perf_counter() - t0:.1f} s")
+            collect_expert_data(env_maker(env_id), n, args.max_turns, args.random_action_prob, args.think, args.seed,
+                                teacher=teacher[env_id], think_horizon=args.think_horizon)]
+    print(f"collected {len(data)} examples of {', '.join(sorted(set(teacher.values())))} labels "
+          f"from {args.num_episodes} episodes in {time.perf_counter() - t0:.1f} s")
     model, tokenizer = load_or_build_model(args.model_path, data, mixture.label, args.tiny_size, args.seed)
     if args.lora:
         from peft import LoraConfig, get_peft_model
@@ -163,7 +187,7 @@ def main(args: Args) -> None:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         losses.append(loss.item())
-        if (step + 1) % args.eval_every == 0 or step + 1 == args.num_steps:
+        if ((step + 1) % args.eval_every == 0 and step + 1 >= args.eval_start) or step + 1 == args.num_steps:
             model.eval()
             per_env = {name: validation_success(model, tokenizer, env_maker(env_id), n, validation)
                        for name, env_id, n in zip(mixture.names, mixture.env_ids, shares(args.eval_episodes)) if n}
