@@ -3,6 +3,13 @@
 ``python -m eval.evaluate --model PATH_OR_ID --env-id ARL/Sokoban-v0 --num-seeds 100
 [--decoding greedy sampled] [--samples 4] [--k 1 4] [--baselines expert random] [--out r.json]``
 
+``python -m eval.evaluate --run runs/<name>`` evaluates that run's final model (or ``--model`` a folder inside a run
+folder) with the run's own settings from its ``args.json``: env id(s), prompt style, history, token and turn limits,
+held-out episodes, seed and evaluation decoding, so it reproduces the run's own held-out evaluation on the same
+seeds. A flag given that differs from the run's is printed with both values; a model with no run record takes the
+training scripts' ``cpu-tiny`` defaults (``algos/grpo.py``'s ``Args``). The settings used are printed.
+``--episodes FILE`` writes every policy episode as an episode record (``arena_train.episodes``, docs/metrics.md).
+
 Several ``--env-id`` (a mixture run's envs) give one table per env, each on its own held-out split and the same
 seeds; ``--out`` then holds every env's results (each result names its ``env_id``).
 
@@ -13,9 +20,10 @@ episodes); ``policy`` is any ``list[messages] -> list[str]`` callable, e.g.
 (the random policy picks uniformly among admissible actions; envs with an open action
 set, e.g. TIR-Math, report it as n/a).
 
-Intervals are 95 %: with one episode per seed, success uses a Wilson interval over
-episodes; with several samples per seed they are not independent, so every metric
-uses a Student-t interval over per-seed means. pass@k is the unbiased estimator over
+Intervals are 95 %. Success is a proportion and its interval a Wilson interval, inside [0, 100]: over episodes
+with one episode per seed; with several samples per seed (not independent) at the effective sample size
+(``eval.stats.clustered_proportion_ci``). Every other metric uses a Student-t interval over per-seed means
+(over episodes with one sample), and the table names the seeds. pass@k is the unbiased estimator over
 the samples of each seed. Episodes are played on the env's held-out split
 (``arena_envs.held_out_split``: ALFWorld ``valid_seen``, the others ``test``), which shares no task
 with the ``train`` split the training scripts roll out on; ``--split`` picks another. Default seeds
@@ -42,9 +50,9 @@ import tyro
 from arena_envs import ENV_IDS, auto_env_workers, held_out_split
 from arena_train.mixture import env_id_problem
 from arena_train.models import model_path_problem
-from arena_train.rollout import EVAL_SEED_OFFSET, VAL_TEMPERATURE, VAL_TOP_K, VAL_TOP_P
+from arena_train.rollout import EVAL_SEED_OFFSET
 from arena_train.streams import episode_sampling_seeds
-from eval.stats import Estimate, mean_ci, pass_at_k, proportion_ci
+from eval.stats import Estimate, clustered_proportion_ci, mean_ci, pass_at_k, proportion_ci
 
 DEFAULT_MAX_TURNS = 50
 
@@ -82,8 +90,9 @@ def hf_policy(model, tokenizer, greedy: bool = True, temperature: float = 1.0, t
         encoded = encode_prompts(tokenizer, batch, max_prompt_tokens)
         prompts = [ids for ids, _ in encoded]
         responses = backend.generate(prompts, max_new_tokens, temperature, top_p, greedy, seeds=seeds)
-        policy.stop_counts.update("context_overflow" if cut else reason  # type: ignore[attr-defined]
-                                  for (_, cut), reason in zip(encoded, backend.last_stop_reasons))
+        policy.last_stops = ["context_overflow" if cut else reason  # type: ignore[attr-defined]
+                             for (_, cut), reason in zip(encoded, backend.last_stop_reasons)]
+        policy.stop_counts.update(policy.last_stops)  # type: ignore[attr-defined]
         return tokenizer.batch_decode(responses, skip_special_tokens=True)
 
     policy.stop_counts = Counter()  # type: ignore[attr-defined]  # why each response ended (rows.TURN_STOPS)
@@ -161,7 +170,8 @@ def summarize(name: str, env_id: str, episodes: Sequence, samples: int, k_values
         return _interval({s: [fn(ep) for ep in eps] for s, eps in by_seed.items()}, per_seed)
 
     wins = [int(ep.won) for ep in episodes]
-    success = metric(lambda ep: float(ep.won)) if per_seed else proportion_ci(sum(wins), len(wins))
+    success = (clustered_proportion_ci([[float(ep.won) for ep in eps] for eps in by_seed.values()]) if per_seed
+               else proportion_ci(sum(wins), len(wins)))
     return EvalResult(
         name=name, env_id=env_id, num_seeds=len(by_seed), samples_per_seed=samples, success=success,
         score=metric(lambda ep: ep.env_return), episode_return=metric(lambda ep: ep.episode_return),
@@ -180,7 +190,8 @@ def evaluate_policy(env_id: str, policy: Policy | Literal["expert", "random"], s
                     name: str | None = None, env_kwargs: dict[str, Any] | None = None, history_length: int = 2,
                     format_penalty: float = 0.1, prompt_style: str = "full", max_parallel: int = 256,
                     policy_seed: int = 0, progress: bool = True, env_workers: int = 0,
-                    env_step_timeout: float | None = None) -> EvalResult:
+                    env_step_timeout: float | None = None, records: list[dict[str, Any]] | None = None
+                    ) -> EvalResult:
     """Play ``samples`` episodes per task seed with ``policy`` and summarise them.
 
     A policy with a ``sampling_seed`` attribute other than None (``hf_policy`` sampling with a seed) is called
@@ -191,6 +202,7 @@ def evaluate_policy(env_id: str, policy: Policy | Literal["expert", "random"], s
     ``env_workers``: 0 steps the envs in this process, N >= 1 in N worker processes, -1 = auto
     (``arena_envs.auto_env_workers``); ``env_step_timeout``: seconds a worker's step may take. An episode that
     fails on an env error is left out of the metrics and counted (``EvalResult.failed_episodes``).
+    ``records``: every episode's record (``arena_train.episodes``, source = the result's name) is appended to it.
     Episodes run in chunks of at most ``max_parallel`` (bounds memory and batch size);
     ``max_turns`` defaults to the env's registered step limit; the env is made with
     ``split=held_out_split(env_id)`` (ARLArena ids) unless ``env_kwargs`` names a split.
@@ -234,21 +246,51 @@ def evaluate_policy(env_id: str, policy: Policy | Literal["expert", "random"], s
                 else:
                     act = policy
                 done_before = bar.n
+                stops: dict[tuple[int, int], str] = {}
 
-                def tracked(batch: list[Messages], rollout=rollout, act=act, done_before=done_before) -> list[str]:
+                def tracked(batch: list[Messages], rollout=rollout, act=act, done_before=done_before,
+                            stops=stops) -> list[str]:
                     bar.update(done_before + rollout.num_episodes - len(batch) - bar.n)  # episodes finished so far
+                    active = rollout.active()
                     if getattr(act, "sampling_seed", None) is None:
-                        return act(batch)
-                    return act(batch, seeds=episode_sampling_seeds(act.sampling_seed, rollout, rollout.active()))
+                        out = act(batch)
+                    else:
+                        out = act(batch, seeds=episode_sampling_seeds(act.sampling_seed, rollout, active))
+                    played = rollout.episodes()
+                    for i, reason in zip(active, getattr(act, "last_stops", None) or []):
+                        stops[(i, played[i].length)] = reason
+                    return out
 
-                rollout.run(tracked, max_turns)
+                turns = rollout.run(tracked, max_turns)
                 bar.update(done_before + rollout.num_episodes - bar.n)
                 episodes += rollout.episodes()
+                if records is not None:
+                    records += _records(env_id, env_kwargs.get("split", "") if env_kwargs else "", label, rollout,
+                                        turns, stops, lo * samples)
     finally:  # the workers end on every path out
         if rollout is not None:
             rollout.close()
     turn_stops = Counter(getattr(policy, "stop_counts", {})) - turn_stops
     return summarize(label, env_id, episodes, samples, k_values, time.perf_counter() - start, turn_stops)
+
+
+def _records(env_id: str, split: str, label: str, rollout, turns: list, stops: dict[tuple[int, int], str],
+             first: int) -> list[dict[str, Any]]:
+    """The episode records of one chunk of ``evaluate_policy`` (``first``: the chunk's first episode number)."""
+    from arena_train.episodes import episode_record
+
+    by_episode: dict[int, list] = defaultdict(list)
+    for turn in turns:
+        by_episode[turn.episode].append(turn)
+    out = []
+    for stats in rollout.episodes():
+        record = episode_record(env_id=env_id, split=split, source=label, stats=stats, group_size=rollout.group_size,
+                                turns=by_episode[stats.episode], group=first // rollout.group_size + stats.group,
+                                episode=first + stats.episode)
+        for turn in record["turns"]:
+            turn["stop"] = turn["stop"] or stops.get((stats.episode, turn["turn"]))
+        out.append(record)
+    return out
 
 
 # --- output ----------------------------------------------------------------------------
@@ -259,17 +301,19 @@ def _fmt(e: Estimate | None, scale: float = 1.0) -> str:
 
 
 def format_results(results: Sequence[EvalResult]) -> str:
-    """A Markdown table, one row per policy (95 % intervals in brackets)."""
+    """A Markdown table, one row per policy (95 % intervals in brackets: success Wilson, the other metrics
+    Student-t over the ``seeds`` column's task seeds)."""
     ks = sorted({k for r in results for k in r.pass_at_k})
-    header = ["policy", "episodes", "success %", "score", "return", "length", "valid format %", "valid action %",
-              *(f"pass@{k} %" for k in ks)]
+    header = ["policy", "seeds", "episodes", "success %", "score", "return", "length", "valid format %",
+              "valid action %", *(f"pass@{k} %" for k in ks)]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for r in results:
         if not r.available:
-            cells = [r.name, "-", r.note] + ["-"] * (len(header) - 3)
+            cells = [r.name, "-", "-", r.note] + ["-"] * (len(header) - 4)
         else:
-            cells = [r.name, str(r.num_seeds * r.samples_per_seed), _fmt(r.success, 100), _fmt(r.score),
-                     _fmt(r.episode_return), _fmt(r.length), _fmt(r.valid_format, 100), _fmt(r.valid_action, 100),
+            cells = [r.name, str(r.num_seeds), str(r.num_seeds * r.samples_per_seed), _fmt(r.success, 100),
+                     _fmt(r.score), _fmt(r.episode_return), _fmt(r.length), _fmt(r.valid_format, 100),
+                     _fmt(r.valid_action, 100),
                      *(f"{100 * r.pass_at_k[k]:.3g}" if k in r.pass_at_k else "-" for k in ks)]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
@@ -297,46 +341,57 @@ def load_model(spec: str, device: str = "auto"):
 
 @dataclass
 class Args:
-    """Evaluate a checkpoint and the expert / random baselines on the same task seeds."""
+    """Evaluate a checkpoint and the expert / random baselines on the same task seeds. Settings left unset come
+    from the run (--run, or a --model folder inside a run folder: its args.json), else from the training
+    scripts' cpu-tiny defaults."""
 
-    env_id: list[str] = field(default_factory=lambda: ["ARL/Sokoban-v0"])
-    """registered env id(s); several = one table per env (e.g. a mixture run's envs)"""
+    run: Path | None = None
+    """a training run's folder (runs/<name>): evaluates its final model with the run's own settings"""
+    env_id: list[str] | None = None
+    """registered env id(s); several = one table per env (e.g. a mixture run's envs); default: the run's"""
     model: str | None = None
-    """HF folder or hub id ('tiny', 'smollm2' = offline models); omit to run only the baselines"""
-    num_seeds: int = 100
-    """task seeds (episodes per policy = num_seeds × samples)"""
+    """HF folder or hub id ('tiny', 'smollm2' = offline models); default: the run's final model; omit (without
+    --run) to run only the baselines"""
+    num_seeds: int | None = None
+    """task seeds (episodes per policy = num_seeds × samples); default: the run's --eval-episodes"""
     seed_start: int = EVAL_SEED_OFFSET
     """first task seed (default: the held-out range of the training scripts)"""
-    decoding: list[Literal["greedy", "sampled"]] = field(default_factory=lambda: ["sampled"])
-    """sampled = ARLArena's validation sampling (temperature, top_p, top_k below); greedy = the option"""
-    samples: int = 4
-    """episodes per seed for sampled decoding and the random baseline (pass@k needs k <= samples)"""
+    decoding: list[Literal["greedy", "sampled"]] | None = None
+    """sampled = ARLArena's validation sampling (temperature, top_p, top_k below); greedy = the option; default:
+    the run's (--eval-greedy)"""
+    samples: int | None = None
+    """episodes per seed for sampled decoding and the random baseline (pass@k needs k <= samples); default: 1 for
+    a run (its own evaluation's), else 4"""
     k: list[int] = field(default_factory=lambda: [1])
-    """pass@k values"""
+    """pass@k values (each at most --samples)"""
     baselines: list[Literal["expert", "random"]] = field(default_factory=lambda: ["expert", "random"])
     max_turns: int | None = None
-    """turn budget (default: the env's step limit)"""
-    max_new_tokens: int = 256
-    max_prompt_tokens: int = 4096
-    temperature: float = VAL_TEMPERATURE
-    """sampled decoding (ARLArena validation: T=0.6, top_p 0.95, top_k 20)"""
-    top_p: float = VAL_TOP_P
-    top_k: int = VAL_TOP_K
+    """turn budget; default: the run's --max-turns"""
+    max_new_tokens: int | None = None
+    """default: the run's --max-response-tokens"""
+    max_prompt_tokens: int | None = None
+    """default: the run's --max-prompt-tokens"""
+    temperature: float | None = None
+    """sampled decoding; default: the run's --eval-temperature (ARLArena validation: T=0.6, top_p 0.95, top_k 20)"""
+    top_p: float | None = None
+    top_k: int | None = None
     batch_size: int = 64
     """prompts per generate call"""
-    history_length: int = 2
-    prompt_style: Literal["arlarena", "full", "compact"] = "full"
-    format_penalty: float = 0.1
+    history_length: int | None = None
+    prompt_style: Literal["arlarena", "full", "compact"] | None = None
+    format_penalty: float | None = None
     split: str | None = None
-    """env split (default: the env's held-out split, never the training tasks)"""
+    """env split (default: the run's --eval-split, else the env's held-out split, never the training tasks)"""
     env_kwargs: str = "{}"
     """JSON object of extra env constructor arguments"""
-    seed: int = 0
+    seed: int | None = None
     """seed of sampling (each episode's stream: arena_train.streams, from this seed, the task seed, the sample
-    and the turn) and of the random baseline"""
+    and the turn) and of the random baseline; default: the run's --seed (its evaluation's streams)"""
     device: str = "auto"
     out: Path | None = None
     """write results JSON here (and the table next to it as .md)"""
+    episodes: Path | None = None
+    """write every episode of the model and the baselines here as episode records (JSONL; python -m eval.view)"""
     progress: bool = True
     env_workers: int = -1
     """env worker processes (0 = in this process; -1 = auto: one per core for the native engines ALFWorld and
@@ -345,13 +400,111 @@ class Args:
     """seconds an env step may take in a worker before its episode fails (left out and counted)"""
 
 
+#: Flags taken from a run's ``args.json`` (or the training defaults): flag -> (args.json key, how to read it).
+RUN_SETTINGS: dict[str, tuple[str, Callable[[Any], Any]]] = {
+    "env_id": ("env_id", lambda v: [v] if isinstance(v, str) else list(v)),
+    "history_length": ("history_length", int),
+    "prompt_style": ("prompt_style", str),
+    "max_new_tokens": ("max_response_tokens", int),
+    "max_prompt_tokens": ("max_prompt_tokens", int),
+    "max_turns": ("max_turns", int),
+    "format_penalty": ("format_penalty", float),
+    "temperature": ("eval_temperature", float),
+    "top_p": ("eval_top_p", float),
+    "top_k": ("eval_top_k", int),
+    "decoding": ("eval_greedy", lambda v: ["greedy"] if v else ["sampled"]),
+    "num_seeds": ("eval_episodes", int),
+    "seed": ("seed", int),
+    "split": ("eval_split", lambda v: v),
+}
+
+
+def training_defaults() -> dict[str, Any]:
+    """The training scripts' cpu-tiny settings, as a run's ``args.json`` holds them (``algos/grpo.py``'s ``Args``)."""
+    import importlib.util
+
+    from arena_train.cli import flat_args
+
+    path = Path(__file__).resolve().parents[1] / "algos" / "grpo.py"
+    spec = importlib.util.spec_from_file_location("_arlarena_grpo_defaults", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return flat_args(module.Args())
+
+
+def run_record(args: Args) -> tuple[Path | None, dict[str, Any] | None]:
+    """(run folder, its args.json) of ``--run``, or of the run folder holding ``--model`` (the folder or one of
+    its two parents: runs/<name>/final, a checkpoint below it); (None, None) without one."""
+    candidates = [args.run] if args.run is not None else (
+        [Path(args.model), *list(Path(args.model).parents)[:2]] if args.model is not None else [])
+    for folder in candidates:
+        record = folder / "args.json"
+        if record.is_file():
+            try:
+                config = json.loads(record.read_text())
+            except ValueError as err:
+                raise EvalError(f"{record} is not JSON ({err})") from None
+            if isinstance(config, dict):
+                return folder, config
+    if args.run is not None:
+        raise EvalError(f"{args.run} holds no args.json: pass a training run's folder (runs/<name>) or --model")
+    return None, None
+
+
+def resolve_settings(args: Args) -> tuple[Args, list[str]]:
+    """``args`` with every unset setting taken from the run's record, else the training defaults -> (the settings,
+    lines to print: where they came from and every flag that differs from the run's)."""
+    from dataclasses import replace
+
+    folder, config = run_record(args)
+    notes = []
+    if config is None:
+        config, source = training_defaults(), "the training scripts' cpu-tiny defaults (no run record)"
+    else:
+        source = f"the run {folder} (args.json)"
+        if args.model is None:
+            final = folder / "final"
+            if not (final / "config.json").is_file():
+                raise EvalError(f"{folder} has no final model ({final}); pass --model")
+            args = replace(args, model=str(final))
+    values = {}
+    for name, (key, read) in RUN_SETTINGS.items():
+        given = getattr(args, name)
+        if name == "env_id" and isinstance(given, str):  # one id given as a string (the importable API)
+            given = values[name] = [given]
+        recorded = read(config[key]) if config.get(key) is not None or key == "eval_split" else None
+        if given is None:
+            values[name] = recorded
+        elif recorded is not None and given != recorded and folder is not None:
+            notes.append(f"note: --{name.replace('_', '-')} {given} differs from the run's {recorded} "
+                         f"(its --{key.replace('_', '-')}); using {given}")
+    if args.samples is None:
+        values["samples"] = 1 if folder is not None else 4
+    resolved = replace(args, **values)
+    used = {name: getattr(resolved, name) for name in [*RUN_SETTINGS, "samples"]}
+    notes.insert(0, f"settings from {source}: " + ", ".join(f"{k}={v}" for k, v in used.items()))
+    return resolved, notes
+
+
 def main(args: Args) -> int:
-    env_ids = [args.env_id] if isinstance(args.env_id, str) else list(args.env_id)
+    try:
+        args, notes = resolve_settings(args)
+    except EvalError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    env_ids = list(args.env_id)
     problem = (next(filter(None, map(env_id_problem, env_ids)), None) if env_ids else "error: --env-id needs an id")
     problem = problem or (model_path_problem(args.model) if args.model is not None else None)
+    bad_k = [k for k in args.k if k > args.samples or k < 1]
+    if problem is None and bad_k:
+        problem = (f"error: --k {' '.join(map(str, bad_k))} needs 1 <= k <= --samples {args.samples}: raise "
+                   f"--samples to {max(bad_k)} or drop that k")
     if problem is not None:
         print(problem, file=sys.stderr)
         return 2
+    for line in notes:
+        print(line)
     try:
         env_kwargs = json.loads(args.env_kwargs)
         if not isinstance(env_kwargs, dict):
@@ -364,6 +517,7 @@ def main(args: Args) -> int:
     seeds = list(range(args.seed_start, args.seed_start + args.num_seeds))
     results: list[EvalResult] = []
     tables, splits = [], {}
+    records: list[dict[str, Any]] | None = [] if args.episodes is not None else None
     try:
         model, tokenizer = load_model(args.model, args.device) if args.model is not None else (None, None)
         for env_id in env_ids:
@@ -372,7 +526,7 @@ def main(args: Args) -> int:
             common = dict(max_turns=args.max_turns, k_values=args.k, env_kwargs=kwargs,
                           history_length=args.history_length, format_penalty=args.format_penalty,
                           prompt_style=args.prompt_style, policy_seed=args.seed, progress=args.progress,
-                          env_workers=args.env_workers, env_step_timeout=args.env_step_timeout)
+                          env_workers=args.env_workers, env_step_timeout=args.env_step_timeout, records=records)
             mine: list[EvalResult] = []
             for decoding in args.decoding if model is not None else []:
                 greedy = decoding == "greedy"
@@ -393,6 +547,11 @@ def main(args: Args) -> int:
     for r in results:
         if r.failed_episodes:
             print(f"{r.name} on {r.env_id}: {r.failed_episodes} episodes ended on an env error and are left out")
+    if records is not None:
+        from arena_train.episodes import write_episodes
+
+        kept = write_episodes(args.episodes, records)
+        print(f"episodes: {kept} records in {args.episodes} (python -m eval.view {args.episodes})")
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         record = {"env_id": env_ids[0] if len(env_ids) == 1 else env_ids, "model": args.model, "seeds": seeds,
