@@ -119,4 +119,4 @@ _register_all()
 
 # A served env (integrations.openenv_server) played over OpenEnv; not in ENV_IDS: it is a client, made with url=...
 if "ARL/Remote-v0" not in gym.registry:
-    gym.register(id="ARL/Remote-v0", entry_point="integrations.openenv_client:RemoteEnv")
+    gym.register(id="ARL/Remote-v0", entry_point="integrations.openenv_client:RemoteEnv", additional_wrappers=(_GUARD,))

@@ -11,19 +11,42 @@ prompt, projection rule and format penalty as for the in-process env. The URL ca
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
-from openenv.core import EnvClient
-from openenv.core.client_types import StepResult
-from openenv.core.env_server.types import State
-from websockets.exceptions import ConnectionClosed
 
-from arena_envs.base import text_space
+from arena_envs.base import EnvStateError, extra_error, text_space
+
+try:
+    from openenv.core import EnvClient
+    from openenv.core.client_types import StepResult
+    from openenv.core.env_server.types import State
+    from websockets.exceptions import ConnectionClosed
+except ModuleNotFoundError as err:
+    raise extra_error("openenv", "ARL/Remote-v0 and integrations.openenv_*", err.name) from None
+
 from integrations.openenv_models import ARLAction, ARLObservation
 
 #: Environment variable read when ``ARL/Remote-v0`` is made without ``url``.
 URL_VARIABLE = "ARL_REMOTE_URL"
+#: Errors of the env contract that the server sends with their type's name in front (``EnvStateError: ...``) and
+#: ``RemoteEnv`` raises again as that type, so a served env fails like the in-process one.
+REMOTE_ERRORS: dict[str, type[Exception]] = {"EnvStateError": EnvStateError, "TypeError": TypeError,
+                                             "ValueError": ValueError}
+_SERVER_ERROR = re.compile(r"Server error: (\w+): (.*) \(code: [^)]*\)", re.DOTALL)
+
+
+def _remote_call(call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``call(...)`` on the client; a server-side contract error is raised here as its own type."""
+    try:
+        return call(*args, **kwargs)
+    except RuntimeError as err:
+        match = _SERVER_ERROR.fullmatch(str(err))
+        if match and match.group(1) in REMOTE_ERRORS:
+            raise REMOTE_ERRORS[match.group(1)](match.group(2)) from None
+        raise
 
 
 class ARLEnvClient(EnvClient[ARLAction, ARLObservation, State]):
@@ -76,17 +99,21 @@ class RemoteEnv(gym.Env[str, str]):
         self._anchor: str | None = None
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        if self._closed:
+            raise EnvStateError("RemoteEnv.reset() after close(): make a new env")
         super().reset(seed=seed)
         request = {} if seed is None else {"seed": int(seed)}
         if options is not None:
             request["options"] = options
-        result = self._client.reset(**request)
+        result = _remote_call(self._client.reset, **request)
         self._info, self._anchor = dict(result.observation.info), result.observation.anchor
         return result.observation.text, dict(self._info)
 
     def step(self, action: str):
+        if self._closed:
+            raise EnvStateError("RemoteEnv.step() after close(): make a new env")
         text = "" if action is None else str(action)  # the env contract: any input, judged by the env
-        result = self._client.step(ARLAction(text=text))
+        result = _remote_call(self._client.step, ARLAction(text=text))
         obs = result.observation
         self._info, self._anchor = dict(obs.info), obs.anchor
         return obs.text, float(obs.reward or 0.0), obs.terminated, obs.truncated, dict(self._info)

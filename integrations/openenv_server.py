@@ -3,9 +3,10 @@
     python -m integrations.openenv_server --env-id ARL/Sokoban-v0 --port 8000
 
 Each OpenEnv WebSocket session gets its own ``gym.make(env_id)`` (step limit included), so any
-OpenEnv client can ``reset(seed=...)``, ``step`` and read rewards; the session's ``state`` carries
-``env_id`` and ``instructions`` (the env's rules for prompts). The raw env is served, not the LLM
-stack: clients wrap it themselves (``wrappers.make_env("ARL/Remote-v0", url=...)``), so prompts,
+OpenEnv client can ``reset(seed=...)``, ``step`` and read rewards; the env contract holds as in-process (a step
+after the episode ended or after the step limit is refused with ``EnvStateError``, never played or paid); the
+session's ``state`` carries ``env_id`` and ``instructions`` (the env's rules for prompts). The raw env is served,
+not the LLM stack: clients wrap it themselves (``wrappers.make_env("ARL/Remote-v0", url=...)``), so prompts,
 projection and format penalty stay client-side and identical to the in-process stack.
 """
 
@@ -20,14 +21,31 @@ from typing import Any
 from uuid import uuid4
 
 import gymnasium as gym
-from openenv.core.env_server.http_server import create_app
-from openenv.core.env_server.interfaces import Environment
-from openenv.core.env_server.types import State
-from starlette.websockets import WebSocketDisconnect
 
 import arena_envs  # noqa: F401  (registers the ARL/* ids)
+from arena_envs.base import extra_error
+
+try:
+    from openenv.core.env_server.http_server import create_app
+    from openenv.core.env_server.interfaces import Environment
+    from openenv.core.env_server.types import State
+    from starlette.websockets import WebSocketDisconnect
+except ModuleNotFoundError as err:
+    raise extra_error("openenv", "integrations.openenv_server", err.name) from None
+
+from integrations.openenv_client import REMOTE_ERRORS
 from integrations.openenv_models import ARLAction, ARLObservation, jsonable
 from wrappers.special_tokens import escape_turn_markers
+
+
+def _tagged(call, *args: Any, **kwargs: Any) -> Any:
+    """``call(...)`` on the session's env; a contract error (a step after the episode ended or after the step
+    limit, malformed reset options) goes to the client with its type's name in front, and ``RemoteEnv`` raises
+    it again as that type. Nothing else of the env runs for such a call: no step is counted, no reward paid."""
+    try:
+        return call(*args, **kwargs)
+    except tuple(REMOTE_ERRORS.values()) as err:
+        raise type(err)(f"{type(err).__name__}: {err}") from err
 
 
 class ARLEnvironment(Environment[ARLAction, ARLObservation, State]):
@@ -45,13 +63,13 @@ class ARLEnvironment(Environment[ARLAction, ARLObservation, State]):
 
     def reset(self, seed: int | None = None, episode_id: str | None = None, options: dict | None = None,
               **kwargs: Any) -> ARLObservation:
-        obs, info = self._env.reset(seed=None if seed is None else int(seed), options=options)
+        obs, info = _tagged(self._env.reset, seed=None if seed is None else int(seed), options=options)
         self._state = State(episode_id=episode_id or str(uuid4()), step_count=0)
         # clients tokenize the text: env text never carries a turn marker
         return ARLObservation(text=escape_turn_markers(obs), reward=0.0, info=jsonable(info), anchor=self._anchor(obs))
 
     def step(self, action: ARLAction, timeout_s: float | None = None, **kwargs: Any) -> ARLObservation:
-        obs, reward, terminated, truncated, info = self._env.step(action.text)
+        obs, reward, terminated, truncated, info = _tagged(self._env.step, action.text)
         self._state.step_count += 1
         return ARLObservation(text=escape_turn_markers(obs), reward=float(reward), done=bool(terminated or truncated),
                               terminated=bool(terminated), truncated=bool(truncated), info=jsonable(info),
