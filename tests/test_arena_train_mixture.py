@@ -315,7 +315,9 @@ def run_grpo(out: Path, model: str, *extra: str) -> subprocess.CompletedProcess:
 
 
 def metric_lines(out: Path) -> list[dict]:
-    return [json.loads(line) for line in (out / "r" / "metrics.jsonl").read_text().splitlines()]
+    """The training iterations' lines (iteration 0 holds the start's held-out evaluation only)."""
+    lines = [json.loads(line) for line in (out / "r" / "metrics.jsonl").read_text().splitlines()]
+    return [line for line in lines if line["iteration"] >= 1]
 
 
 #: float32 spacing of a log-prob: |log p| < 8 here (near-uniform over 520 tokens: log 520 = 6.25), ulp = 2^-21.

@@ -103,7 +103,7 @@ def test_a_training_run_with_workers_equals_the_in_process_run(tiny_model, tmp_p
         assert proc.returncode == 0, proc.stderr[-3000:]
         lines = [json.loads(x) for x in (tmp_path / f"w{workers}" / "metrics.jsonl").read_text().splitlines()]
         runs[workers] = [{k: v for k, v in m.items() if not k.startswith("perf/")} for m in lines]
-    assert runs["0"] == runs["2"] and len(runs["0"]) == 2
+    assert runs["0"] == runs["2"] and len(runs["0"]) == 3  # iterations 0 (held-out only), 1, 2
     from safetensors.torch import load_file
 
     a, b = (load_file(tmp_path / w / "final" / "model.safetensors") for w in ("w0", "w2"))

@@ -269,6 +269,7 @@ def test_a_sampled_evaluation_leaves_the_training_that_follows_it_unchanged(tiny
         assert proc.returncode == 0, proc.stderr[-3000:]
         logs.append([json.loads(line) for line in (tmp_path / str(every) / "r" / "metrics.jsonl").read_text()
                      .splitlines()])
-    assert "eval/success_rate" in logs[0][0] and "eval/success_rate" not in logs[1][0]
-    assert [{k: v for k, v in m.items() if not k.startswith(("perf/", "eval/"))} for m in logs[0]] == [
+    assert logs[0][0]["iteration"] == 0 and "eval/success_rate" in logs[0][0]  # the start's evaluation
+    assert "eval/success_rate" not in logs[1][0]
+    assert [{k: v for k, v in m.items() if not k.startswith(("perf/", "eval/"))} for m in logs[0][1:]] == [
         {k: v for k, v in m.items() if not k.startswith("perf/")} for m in logs[1]]

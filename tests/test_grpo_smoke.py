@@ -84,15 +84,20 @@ def uninterrupted(tiny, tmp_path_factory):
 @pytest.mark.slow
 def test_smoke_metrics_complete_and_finite(uninterrupted):
     lines = read_metrics(uninterrupted)
-    assert [m["iteration"] for m in lines] == [1, 2]
-    for m in lines:
+    assert [m["iteration"] for m in lines] == [0, 1, 2]  # 0: the held-out evaluation of the start
+    assert set(lines[0]) == {"iteration"} | {k for k in lines[0] if k.startswith("eval/")}
+    for m in lines[1:]:
         missing = set(METRIC_KEYS) - set(m)
         assert not missing, missing
         assert all(math.isfinite(v) for v in m.values()), m
     assert "eval/success_rate" in lines[-1]
-    assert lines[0]["rollout/num_rows"] > 0
+    assert lines[1]["rollout/num_rows"] > 0
     summary = json.loads((uninterrupted / "r" / "summary.json").read_text())
     assert summary["world_size"] == 1
+    verdict = summary["verdict"]  # held-out success at the start (iteration 0), best and final, paired gain
+    assert verdict["start"]["iteration"] == 0 and verdict["final"]["iteration"] == 2
+    assert 0 <= verdict["final"]["low"] <= verdict["final"]["success"] <= verdict["final"]["high"] <= 1
+    assert verdict["gain"]["pairs"] == 2
     from transformers import AutoModelForCausalLM
 
     AutoModelForCausalLM.from_pretrained(uninterrupted / "r" / "final")  # the saved policy loads
@@ -117,7 +122,7 @@ def test_resume_after_kill_reproduces_metrics(tiny, uninterrupted, tmp_path):
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed from" in resumed.stdout + resumed.stderr
     assert "dropping the torn last line" in resumed.stdout + resumed.stderr
-    assert [m["iteration"] for m in read_metrics(tmp_path)] == [1, 2]
+    assert [m["iteration"] for m in read_metrics(tmp_path)] == [0, 1, 2]  # the resumed run did not redo iteration 0
     assert_bit_identical(uninterrupted, tmp_path)
 
 
