@@ -276,10 +276,69 @@ def _exec_user_code(source: str) -> int:
 
 def _verify_in_child(req: dict) -> int:
     """math-verify on untrusted text: its expression parser evaluates strings, so it runs here."""
-    from math_verify import parse, verify
-
-    gold = parse(req["gold"], parsing_timeout=None)
-    pred = parse(req["pred"], parsing_timeout=None)
-    ok = bool(gold) and bool(pred) and verify(gold, pred, timeout_seconds=None)
+    ok = grade(req["gold"], req["pred"])
     sys.stdout.write(req["nonce"] + ("1" if ok else "0"))
     return 0
+
+
+# --- the grading rules ------------------------------------------------------------
+def grade(gold: str, pred: str) -> bool:
+    """math-verify 0.9's verdict on two ``\\boxed{}`` answers, under rules that let no answer be paid on two
+    golds of different value (docs/environments.md, "Answer checking"):
+
+    * a percentage is read at face value only: ``50\\%`` is the number 50 (as math-verify already reads
+      ``50 \\text{\\%}``, a unit), never also 0.5 -- math-verify pays ``50\\%`` on both ``50`` and ``\\frac{1}{2}``;
+    * an interval, a finite set and a tuple are three kinds that never equal one another: math-verify pays
+      ``(1, 3)`` (parsed as the open interval) on ``\\{1, 3\\}`` and a set on a tuple of the same elements;
+    * a decimal is the exact number it writes (as ``answer.as_number`` reads it in-process): math-verify rounds
+      both sides to 6 places, so ``0.333333`` was paid on ``\\frac{1}{3}`` and on ``0.333333``.
+
+    Runs in the sandbox child (it evaluates its input); importable elsewhere for trusted text (tests).
+    """
+    from math_verify import grader, parse, verify
+
+    _install_kind_rule(grader)
+    golds = [_exact(x) for x in parse(gold, parsing_timeout=None)]
+    preds = [_exact(x) for x in parse(pred, parsing_timeout=None)]
+    return bool(golds) and bool(preds) and bool(verify(golds, preds, timeout_seconds=None))
+
+
+def _exact(expr):
+    """``x%`` -> ``x`` (latex2sympy writes a percentage as ``x * UnevaluatedExpr(1/100)``) and each decimal
+    (a ``Float`` of 15 significant digits) -> the rational it writes."""
+    from sympy import Basic, Float, Integer, Rational, UnevaluatedExpr
+
+    if not isinstance(expr, Basic):
+        return expr
+    swap = {UnevaluatedExpr(Rational(1, 100)): Integer(1)}
+    swap.update({f: Rational(str(f)) for f in expr.atoms(Float) if f.is_finite})
+    return expr.xreplace(swap)
+
+
+def _set_kind(expr) -> str | None:
+    from sympy import FiniteSet, Interval, Tuple, Union
+
+    if isinstance(expr, Tuple):
+        return "tuple"
+    if isinstance(expr, FiniteSet):
+        return "set"
+    if isinstance(expr, (Interval, Union)):
+        return "interval"
+    return None
+
+
+def _install_kind_rule(grader) -> None:
+    """Wrap math-verify's set comparison (also reached for the elements of nested sets and tuples) so that
+    two different kinds of collection compare unequal before any of its leniencies applies."""
+    compare = grader.sympy_compare_sets
+    if getattr(compare, "kind_rule", False):
+        return
+
+    def compare_sets(gold, pred, *args, **kwargs):
+        kinds = _set_kind(gold), _set_kind(pred)
+        if None not in kinds and kinds[0] != kinds[1]:
+            return False
+        return compare(gold, pred, *args, **kwargs)
+
+    compare_sets.kind_rule = True
+    grader.sympy_compare_sets = compare_sets

@@ -18,6 +18,15 @@ CODE_RE = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)\n?```", re.DOTALL)
 _BOXED_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
 #: longest answer (``\\boxed{}`` content) checked; a longer one is a wrong answer, never an error
 MAX_ANSWER_CHARS = 1000
+#: seconds one symbolic check may take in the sandbox (wall clock; its CPU limit is the same, rounded up)
+VERIFY_BUDGET = 1.0
+#: deepest bracket nesting (``(``, ``[``, ``{``) a checked answer may have
+MAX_NESTING = 16
+#: largest integer literal in an exponent, and in the argument of a factorial, binomial or Gamma
+MAX_EXPONENT, MAX_COMBINATORIAL = 10**5, 10**4
+_GROWTH = re.compile(r"\\(?:[dt]?binom|choose|Gamma|exp|operatorname)|\^|!")
+_FUNCTION_ARG = re.compile(r"\\(?:[dt]?binom|Gamma|exp)\s*")
+_INT = re.compile(r"\d+")
 
 
 def _closing_braces(text: str) -> dict[int, int]:
@@ -96,12 +105,108 @@ def as_number(text: str) -> Fraction | None:
     return -value if sign else value
 
 
-def is_correct(pred: str | None, gold: str, sandbox: Sandbox, timeout: float = 5.0) -> bool:
-    """math-verify equivalence of two answers (contents of ``\\boxed{}``, LaTeX or plain).
+def _group_end(text: str, i: int) -> int:
+    """End of the argument starting at ``i``: a balanced ``{...}``/``(...)``/``[...]`` group, a ``\\command``,
+    or one character (digits and letters of a number or name run together: ``99999999``)."""
+    n = len(text)
+    while i < n and text[i] == " ":
+        i += 1
+    if i >= n:
+        return n
+    pairs = {"{": "}", "(": ")", "[": "]"}
+    if text[i] in pairs:
+        depth, j = 0, i
+        while j < n:
+            if text[j] == "\\":
+                j += 2
+                continue
+            if text[j] in pairs:
+                depth += 1
+            elif text[j] in pairs.values():
+                depth -= 1
+                if depth == 0:
+                    return j + 1
+            j += 1
+        return n
+    j = i + 1
+    if text[i] == "\\":
+        while j < n and text[j].isalpha():
+            j += 1
+        return j
+    while j < n and (text[j].isalnum() or text[j] == "."):
+        j += 1
+    return j
 
-    Identical strings and plain numbers/fractions are decided here; everything else goes through
-    ``Sandbox.verify`` because math-verify's expression parser evaluates its input and its own timeouts rely on
-    ``signal.alarm`` (main thread only), so the time limit is enforced by the sandbox.
+
+def _group_start(text: str, end: int) -> int:
+    """Start of the argument that ends just before ``end`` (for a postfix ``!``)."""
+    closing = {"}": "{", ")": "(", "]": "["}
+    i = end - 1
+    while i >= 0 and text[i] == " ":
+        i -= 1
+    if i < 0:
+        return 0
+    if text[i] in closing:
+        depth = 0
+        while i >= 0:
+            if text[i] in closing:
+                depth += 1
+            elif text[i] in closing.values():
+                depth -= 1
+                if depth == 0:
+                    return i
+            i -= 1
+        return 0
+    while i > 0 and (text[i - 1].isalnum() or text[i - 1] == "."):
+        i -= 1
+    return i
+
+
+def _explodes(arg: str, limit: int) -> bool:
+    """An argument that may denote a number too large to compute: another power, factorial, binomial, Gamma or
+    exponential inside it (a tower), or an integer literal above ``limit``."""
+    return bool(_GROWTH.search(arg)) or any(len(m) > 7 or int(m) > limit for m in _INT.findall(arg))
+
+
+def costly_reason(text: str) -> str | None:
+    """Why checking ``text`` symbolically could take unbounded time, or ``None``: a bounded pre-check, linear in
+    the text, before math-verify (whose parser evaluates ``9^{9^{9}}``, ``99999999!``, ``\\Gamma(10^{8})`` in
+    full, and recurses through deep nesting). Such an answer is decided by its text alone: wrong unless it is
+    the gold answer verbatim. Deliberately coarse: a tower such as ``2^{2^{3}}`` is refused too."""
+    depth = deepest = 0
+    for ch in text:
+        if ch in "([{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in ")]}":
+            depth -= 1
+    if deepest > MAX_NESTING:
+        return f"nesting deeper than {MAX_NESTING}"
+    for i, ch in enumerate(text):
+        if ch == "^":
+            end = _group_end(text, i + 1)
+            if (_explodes(text[i + 1:end], MAX_EXPONENT) or text[end:].lstrip().startswith("^")
+                    or "^" in text[_group_start(text, i):i]):  # a^b^c, {a^b}^c: towers too
+                return "a tower of powers or a huge exponent"
+        if ch == "!" and _explodes(text[_group_start(text, i):i], MAX_COMBINATORIAL):
+            return "the factorial of a large or nested argument"
+    for m in _FUNCTION_ARG.finditer(text):
+        end = _group_end(text, m.end())
+        if m.group().startswith(("\\binom", "\\dbinom", "\\tbinom")):
+            end = _group_end(text, end)
+        if _explodes(text[m.end():end], MAX_COMBINATORIAL):
+            return f"{m.group().strip()} of a large or nested argument"
+    return None
+
+
+def is_correct(pred: str | None, gold: str, sandbox: Sandbox, timeout: float = VERIFY_BUDGET) -> bool:
+    """math-verify equivalence of two answers (contents of ``\\boxed{}``, LaTeX or plain), under the grading
+    rules of ``_zygote.grade`` (percentages at face value, intervals/sets/tuples never mixed, exact decimals).
+
+    Identical strings and plain numbers/fractions are decided here, and so is an answer ``costly_reason``
+    refuses; everything else goes through ``Sandbox.verify`` (``timeout`` seconds at most) because math-verify's
+    expression parser evaluates its input and its own timeouts rely on ``signal.alarm`` (main thread only), so
+    the time limit is enforced by the sandbox.
     """
     if pred is None or not pred.strip() or len(pred) > MAX_ANSWER_CHARS:
         return False
@@ -110,4 +215,6 @@ def is_correct(pred: str | None, gold: str, sandbox: Sandbox, timeout: float = 5
     p, g = as_number(pred), as_number(gold)
     if p is not None and g is not None:  # exact arithmetic, no parser needed
         return p == g
+    if costly_reason(pred) is not None:
+        return False
     return sandbox.verify("\\boxed{" + gold + "}", "\\boxed{" + pred + "}", timeout=timeout)

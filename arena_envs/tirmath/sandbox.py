@@ -119,12 +119,14 @@ class Sandbox:
             ``False`` starts the server in a fraction of the time, for short-lived servers that run plain Python.
         close_timeout: seconds ``close`` waits for the server to remove its per-call directories (fallback
             levels) before it kills it.
+        max_verify_servers: servers (this one included) that answer ``verify`` calls made at the same time; the
+            extra ones start on first contention (one server start each) and live as long as this handle.
     """
 
     def __init__(self, timeout: float = 3.0, memory_mb: int = 2048, max_output: int = 65536,
                  kill_output: int = 1 << 20, file_size: int = 4 << 20, margin: float = 5.0,
                  startup_timeout: float = 120.0, audit_hook: bool = True, max_boundary: str = "namespace",
-                 preload: bool = True, close_timeout: float = 60.0):
+                 preload: bool = True, close_timeout: float = 60.0, max_verify_servers: int = 4):
         if max_boundary not in BOUNDARIES:
             raise ValueError(f"max_boundary must be one of {BOUNDARIES}, got {max_boundary!r}")
         self.max_boundary = max_boundary
@@ -132,7 +134,10 @@ class Sandbox:
         self.max_output, self.kill_output, self.file_size = int(max_output), int(kill_output), int(file_size)
         self.startup_timeout, self.audit_hook = float(startup_timeout), bool(audit_hook)
         self.preload, self.close_timeout = bool(preload), float(close_timeout)
+        self.max_verify_servers = max(1, int(max_verify_servers))
         self._lock = threading.Lock()
+        self._helpers: list[Sandbox] = []
+        self._helpers_lock = threading.Lock()
         self._proc: subprocess.Popen | None = None
         self._owner_pid = -1
         self._layers: dict = {}
@@ -221,6 +226,10 @@ class Sandbox:
 
     def close(self) -> None:
         """Stop the server once it has removed what its calls left (``close_timeout`` at most)."""
+        with self._helpers_lock:
+            helpers, self._helpers = self._helpers, []
+        for helper in helpers:
+            helper.close()
         with self._lock:
             if self._owner_pid == os.getpid():
                 self._stop_server(self.close_timeout)
@@ -251,22 +260,52 @@ class Sandbox:
         return json.loads(buf[4:need].decode("utf-8"))
 
     def _request(self, req: dict, wait: float, private: bytes = b"") -> dict | None:
-        """One request; ``private`` bytes follow the frame and are read by the child, never by the server."""
         with self._lock:
-            self._ensure_server()
-            if private:
-                req = {**req, "private_bytes": len(private)}
-            data = json.dumps(req).encode("utf-8")
-            try:
-                self._proc.stdin.write(struct.pack(">I", len(data)) + data + private)
-                self._proc.stdin.flush()
-            except (BrokenPipeError, OSError):
-                self._stop_server()
-                return None
-            reply = self._read_reply(time.monotonic() + wait)
-            if reply is None:  # server dead or hung: never leave a half-read stream behind
-                self._stop_server()
-            return reply
+            return self._request_locked(req, wait, private)
+
+    def _request_locked(self, req: dict, wait: float, private: bytes = b"") -> dict | None:
+        """One request (``self._lock`` held); ``private`` bytes follow the frame and are read by the child, never
+        by the server."""
+        self._ensure_server()
+        if private:
+            req = {**req, "private_bytes": len(private)}
+        data = json.dumps(req).encode("utf-8")
+        try:
+            self._proc.stdin.write(struct.pack(">I", len(data)) + data + private)
+            self._proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            self._stop_server()
+            return None
+        reply = self._read_reply(time.monotonic() + wait)
+        if reply is None:  # server dead or hung: never leave a half-read stream behind
+            self._stop_server()
+        return reply
+
+    def _verify_request(self, req: dict, wait: float, private: bytes) -> dict | None:
+        """A check never queues behind another call: the first idle server of this handle and its helpers takes
+        it, or a new helper (``max_verify_servers`` in all); only when all are busy does it wait for this one."""
+        with self._helpers_lock:
+            boxes = [self, *self._helpers]
+        for box in boxes:
+            if box._lock.acquire(blocking=False):
+                try:
+                    return box._request_locked(req, wait, private)
+                finally:
+                    box._lock.release()
+        with self._helpers_lock:
+            helper = None
+            if 1 + len(self._helpers) < self.max_verify_servers:
+                helper = Sandbox(timeout=self.timeout, memory_mb=self.memory_mb, margin=self.margin,
+                                 startup_timeout=self.startup_timeout, max_boundary=self.max_boundary,
+                                 close_timeout=self.close_timeout, max_verify_servers=1)
+                helper._lock.acquire()  # ours until this request is answered
+                self._helpers.append(helper)
+        if helper is None:
+            return self._request(req, wait, private)
+        try:
+            return helper._request_locked(req, wait, private)
+        finally:
+            helper._lock.release()
 
     def run(self, code: str, timeout: float | None = None, memory_mb: int | None = None,
             report: int = 0) -> ExecResult:
@@ -292,8 +331,10 @@ class Sandbox:
                           reply["exit_code"], reply["signal"], reply["elapsed"], reply["output_bytes"],
                           raw.encode("latin-1") if isinstance(raw, str) else None)
 
-    def verify(self, gold: str, pred: str, timeout: float = 5.0, memory_mb: int = 2048) -> bool:
-        """math-verify ``parse``/``verify`` in a hardened child (it evaluates untrusted text).
+    def verify(self, gold: str, pred: str, timeout: float = 1.0, memory_mb: int = 2048) -> bool:
+        """``_zygote.grade`` (math-verify ``parse``/``verify`` under the grading rules) in a hardened child (it
+        evaluates untrusted text). Concurrent checks run in parallel servers (``max_verify_servers``): one slow
+        answer delays no other check.
 
         The answers travel as private bytes: only the short-lived verify child reads them, so the
         gold answer never sits in the server's memory, which every later program inherits by fork.
@@ -304,7 +345,7 @@ class Sandbox:
         nonce = os.urandom(8).hex()
         req = {"op": "verify", "nonce": nonce, "timeout": float(timeout),
                "mem_mb": int(memory_mb), "max_output": 256, "kill_output": 1 << 16, "fsize": 0}
-        reply = self._request(req, timeout + self.margin, private)
+        reply = self._verify_request(req, timeout + self.margin, private)
         return reply is not None and reply.get("limit") is None and reply["stdout"].endswith(nonce + "1")
 
 
