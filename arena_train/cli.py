@@ -21,7 +21,7 @@ import shlex
 import sys
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Annotated, Any, Literal, Sequence, TypeVar
+from typing import Annotated, Any, Collection, Literal, Sequence, TypeVar
 
 import tyro
 
@@ -54,6 +54,9 @@ class RunArgs:
     """continue from the latest checkpoint of run_name (verified against its manifest)"""
     resume_fallback: bool = False
     """with --resume: when the newest checkpoint is damaged, resume from the newest intact earlier one"""
+    resume_override: tuple[str, ...] = ()
+    """with --resume: flags (kl_coef learning_rate ...) that may differ from the run's args.json from the next
+    iteration on; without it a flag given again with another value is an error (docs/runs.md "Resume")"""
     overwrite: bool = False
     """delete the run already in output_dir/run_name and start over (without this or --resume it is an error)"""
     dry_run: bool = False
@@ -206,8 +209,9 @@ def args_problem(args: Any) -> str | None:
     if dataclasses.is_dataclass(args):
         args = SimpleNamespace(**flat_args(args))
     problem = range_problem(args)
-    if problem is None and getattr(args, "resume_fallback", False) and not getattr(args, "resume", False):
-        problem = "error: --resume-fallback applies to --resume: give both"
+    for name in ("resume_fallback", "resume_override"):
+        if problem is None and getattr(args, name, False) and not getattr(args, "resume", False):
+            problem = f"error: --{name.replace('_', '-')} applies to --resume: give both"
     if problem is None and getattr(args, "env_id", None) is not None:  # one id, or a mixture (arena_train.mixture)
         from arena_train.mixture import mixture_problem
 
@@ -221,22 +225,62 @@ def args_problem(args: Any) -> str | None:
 
         if not vllm_available():
             problem = "error: --rollout-backend vllm needs the vllm extra: pip install 'arlarena[vllm]'"
+    if problem is None and getattr(args, "track", False):
+        from arena_train.logger import wandb_problem
+
+        problem = wandb_problem()
     return problem
+
+
+def gpu_warning(args: Any) -> str | None:
+    """A warning for ``--profile gpu`` (ARLArena's recipe: a 4B model, long prompts) on a machine without a GPU,
+    where one iteration takes hours; None otherwise, and for ``--dry-run`` (planning a GPU run here is its use)."""
+    import torch
+
+    flat = flat_args(args) if dataclasses.is_dataclass(args) else vars(args)
+    if flat.get("profile") != "gpu" or flat.get("dry_run") or torch.cuda.is_available():
+        return None
+    return ("warning: --profile gpu on a machine without a GPU: ARLArena's recipe runs on the CPU here, hours per "
+            "iteration; the default profile (cpu-tiny) is the one for a CPU")
+
+
+#: Short flags users type from other trainers -> the scripts' own (given only where the script has that flag).
+ALIASES = {"--lr": "--learning-rate", "--model": "--model-path", "--env": "--env-id"}
+
+
+def expand_aliases(argv: Sequence[str], options: Collection[str]) -> list[str]:
+    """``argv`` with every ``ALIASES`` key (``--lr 1e-5``, ``--lr=1e-5``) written as its flag, where ``options``
+    (the script's option strings) has that flag and not the alias itself."""
+    out = []
+    for token in argv:
+        name, sep, value = token.partition("=")
+        target = ALIASES.get(name)
+        out.append(target + sep + value if target in options and name not in options else token)
+    return out
 
 
 def parse_args(cls: type[T], gpu_profile: dict[str, Any], argv: Sequence[str] | None = None) -> T:
     """``tyro.cli(cls)`` whose defaults are ``cls()`` (the CPU profile) or, with ``--profile gpu``, ``cls()``
-    updated by ``gpu_profile``; flags given on the command line override either. Values that cannot work are
-    a one-line ``SystemExit`` (``args_problem``)."""
-    argv = list(sys.argv[1:] if argv is None else argv)
+    updated by ``gpu_profile``; flags given on the command line override either; ``ALIASES`` stand for their flags.
+    With ``--resume`` the run's ``args.json`` gives every value not given (``arena_train.resume``). Values that
+    cannot work are a one-line ``SystemExit`` (``args_problem``)."""
+    from arena_train.resume import flag_fields, resume_args
+
+    argv = expand_aliases(list(sys.argv[1:] if argv is None else argv), flag_fields(cls()))
     default = cls()
     if gpu_profile and requested_profile(argv) == "gpu":
         default = replace_flat(default, **{"profile": "gpu", **gpu_profile})
         default = replace_flat(default, **env_defaults(default, gpu_profile, tyro.cli(cls, default=default, args=argv)))
     args = tyro.cli(cls, default=default, args=argv)
     problem = args_problem(args)
+    if problem is None and getattr(getattr(args, "run", None), "resume", False):
+        args = resume_args(args, argv)
+        problem = args_problem(args)
     if problem is not None:
         raise SystemExit(problem)
+    warning = gpu_warning(args)
+    if warning is not None:
+        print(warning, file=sys.stderr, flush=True)
     return args
 
 

@@ -37,18 +37,32 @@ def read_metric_lines(path: Path) -> list[dict[str, Any]]:
     return records
 
 
+def wandb_problem() -> str | None:
+    """Why ``--track`` cannot log to Weights & Biases here (one line with the install command), or None; checked
+    before the run folder exists, so the rerun after installing it is not refused as a second run."""
+    try:
+        import wandb  # noqa: F401
+    except ImportError:
+        return ('error: --track logs to Weights & Biases, which is not installed: pip install -e ".[wandb]" '
+                '(or drop --track)')
+    return None
+
+
 class MetricsLogger:
     """Writes ``{"iteration": i, **metrics}`` lines to ``<run_dir>/metrics.jsonl`` and TensorBoard events to
-    ``<run_dir>/tb``. A run resumed at ``start_iteration`` drops the lines logged at or after it. W&B is used
-    when ``wandb_project`` is given (``run_name`` and ``config`` describe the run there)."""
+    ``<run_dir>/tb``, and ``record`` (default ``config``) to ``args.json``. A run resumed at ``start_iteration``
+    drops the lines logged at or after it. W&B is used when ``wandb_project`` is given (``run_name`` and
+    ``config`` describe the run there)."""
 
     def __init__(self, run_dir: Path, start_iteration: int, wandb_project: str | None = None, run_name: str = "",
-                 config: dict[str, Any] | None = None):
+                 config: dict[str, Any] | None = None, record: dict[str, Any] | None = None):
         from torch.utils.tensorboard import SummaryWriter
 
         self.path, self.run_dir = run_dir / "metrics.jsonl", run_dir
-        if config is not None:  # what the run was started with, beside its metrics
-            atomic_write_text(run_dir / "args.json", json.dumps(config, indent=1))
+        self.logged = 0  # lines logged by this process: a start that logged none left nothing worth keeping
+        record = config if record is None else record  # a resumed run's record keeps its start values
+        if record is not None:  # what the run was started with, beside its metrics
+            atomic_write_text(run_dir / "args.json", json.dumps(record, indent=1))
         if self.path.exists():  # a resumed run drops lines logged after its checkpoint
             kept = [r for r in read_metric_lines(self.path) if r["iteration"] < start_iteration]
             atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in kept))
@@ -73,6 +87,7 @@ class MetricsLogger:
             self.writer.add_scalar(key, value, iteration)
         if self.wandb is not None:
             self.wandb.log(metrics, step=iteration)
+        self.logged += 1
 
     def close(self, summary: dict[str, Any] | None = None) -> None:
         """Flush the writers; ``summary`` (the finished run's facts) goes to ``summary.json``, which marks the run

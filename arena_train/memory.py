@@ -238,6 +238,25 @@ def launch_layout() -> tuple[int, Sharding]:
     return world, "ddp"
 
 
+#: Environment variables that ``accelerate launch`` (every launcher kind) and ``torchrun`` set in their processes.
+LAUNCHER_VARIABLES = ("ACCELERATE_MIXED_PRECISION", "TORCHELASTIC_RUN_ID")
+
+
+def dry_run_exit_code(code: int) -> int:
+    """The exit status of ``--dry-run`` for ``print_run_plan``'s verdict ``code`` (1 = does not fit).
+
+    Under a launcher (``accelerate launch``, ``torchrun``) a child's status 1 becomes the launcher's own
+    traceback (``CalledProcessError``) printed after the plan, which reads as a crash; there the plan's last line
+    says plainly that it does not fit and the status is 0. Run without a launcher, the status stays 1 for scripts
+    that check it."""
+    if not code or not any(name in os.environ for name in LAUNCHER_VARIABLES):
+        return code
+    if os.environ.get("RANK", "0") == "0":
+        print("does not fit (see above); exit status 0 under a launcher, which would print its own traceback for "
+              "1: python <script> --dry-run exits 1 when the plan does not fit", flush=True)
+    return 0
+
+
 def print_run_plan(model_path: str, *, micro_batch_size: int, lora_rank: int, max_prompt_tokens: int,
                    max_response_tokens: int, gradient_checkpointing: bool, rollout_backend: str,
                    vllm_share: float, mixed_precision: str = "bf16") -> int:

@@ -13,6 +13,8 @@ BC_CHECKPOINT = "checkpoints/sft-sokoban-tiny"
 #: What a Hugging Face hub id looks like ("org/name"); anything else that does not exist is a missing folder.
 _HUB_ID = re.compile(r"^[\w][\w.-]*/[\w][\w.-]*$")
 _HELP = "pass a model folder (with config.json), a cached hub id, 'tiny' or 'smollm2'"
+#: Seconds the reachability check of an uncached hub id may take (``hub_problem``).
+HUB_PROBE_TIMEOUT = 5.0
 #: Linear layers LoRA adapts by default (every projection of attention and MLP).
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -43,12 +45,39 @@ def model_path_problem(model_path: str) -> str | None:
         return f"error: --model-path {model_path} is a file, not a model folder; {_HELP}"
     if not _HUB_ID.match(model_path):
         return f"error: --model-path {model_path}: no such folder; {_HELP}"
-    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on"):
-        from huggingface_hub import try_to_load_from_cache
+    from huggingface_hub import try_to_load_from_cache
 
-        if not isinstance(try_to_load_from_cache(model_path, "config.json"), str):
-            return (f"error: --model-path {model_path} is neither a local folder nor in the Hugging Face cache, and "
-                    f"the hub is offline (HF_HUB_OFFLINE); {_HELP}")
+    if isinstance(try_to_load_from_cache(model_path, "config.json"), str):
+        return None
+    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on"):
+        return (f"error: --model-path {model_path} is neither a local folder nor in the Hugging Face cache, and "
+                f"the hub is offline (HF_HUB_OFFLINE); {_HELP}")
+    return hub_problem(model_path)
+
+
+def hub_problem(model_path: str, timeout: float = HUB_PROBE_TIMEOUT) -> str | None:
+    """Why the uncached hub id ``model_path`` cannot be downloaded (one line), or None. One request for its
+    ``config.json`` with a short timeout and no retries: without it an unreachable hub costs about 50 s of
+    retries and an 81-line traceback after the run folder was made."""
+    from huggingface_hub import get_hf_file_metadata, hf_hub_url
+    from huggingface_hub.errors import EntryNotFoundError, GatedRepoError, HfHubHTTPError, RepositoryNotFoundError
+
+    try:
+        get_hf_file_metadata(hf_hub_url(model_path, "config.json"), timeout=timeout)
+    except GatedRepoError:
+        return (f"error: --model-path {model_path} is gated on the Hugging Face hub: accept its terms on the hub and "
+                f"log in (hf auth login), or {_HELP}")
+    except RepositoryNotFoundError:
+        return (f"error: --model-path {model_path}: no such model on the Hugging Face hub (or it is private: log in "
+                f"with hf auth login); {_HELP}")
+    except EntryNotFoundError:
+        return f"error: --model-path {model_path} has no config.json on the Hugging Face hub; {_HELP}"
+    except HfHubHTTPError as err:
+        return f"error: --model-path {model_path}: the Hugging Face hub answered {err}; {_HELP}"
+    except Exception as err:  # noqa: BLE001 - no connection, DNS, timeout, proxy: the transport's own classes
+        return (f"error: --model-path {model_path} is not in the Hugging Face cache and the hub cannot be reached "
+                f"({type(err).__name__}); download it where the hub is reachable and set HF_HUB_OFFLINE=1 to use "
+                f"the cached copy, or {_HELP}")
     return None
 
 

@@ -25,6 +25,7 @@ deleted.
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 from dataclasses import dataclass, field, replace
@@ -40,6 +41,7 @@ from arena_train.episodes import EPISODES_DIR, EpisodeRecorder, file_iteration
 from arena_train.logger import MetricsLogger
 from arena_train.mixture import FailureStreak, Mixture, MixtureRollout, check_resume
 from arena_train.monitor import CollapseConfig, CollapseMonitor, checkpoints_to_keep, restore_healthy
+from arena_train.resume import run_name_for, updated_record
 from arena_train.rollout import RolloutConfig
 from arena_train.verdict import run_verdict, verdict_line
 
@@ -101,6 +103,32 @@ def prepare_run_dir(accelerator, run_dir: Path, resume: bool, overwrite: bool) -
         raise SystemExit(problem[0] if accelerator.is_main_process else 1)
 
 
+def first_missing(path: Path) -> Path | None:
+    """The outermost folder of ``path`` (itself included) that does not exist yet: what creating it makes."""
+    missing = None
+    for folder in (path, *path.parents):
+        if folder.exists():
+            break
+        missing = folder
+    return missing
+
+
+def discard_unstarted(run: Run, created: Path) -> None:
+    """At exit: delete the folder of a run that ended before it logged anything (a start-up error: a model that
+    does not load, prompts that do not fit, an env that does not start), and the empty folders its start made up to
+    ``created``, so the corrected command is not refused as a second run. A run that logged a line keeps all."""
+    if run.logger is not None and run.logger.logged:
+        return
+    shutil.rmtree(run.run_dir, ignore_errors=True)
+    for folder in run.run_dir.parents:
+        if created not in (folder, *folder.parents):
+            break
+        try:
+            folder.rmdir()  # only if empty: nothing but this run was put there
+        except OSError:
+            break
+
+
 def default_threads(requested: int = 0) -> int:
     """``requested`` if > 0; else ``$OMP_NUM_THREADS`` if set (how to pin it on a shared machine); else the cores
     this process may run on, split between the processes of this machine (``$LOCAL_WORLD_SIZE`` under
@@ -152,20 +180,20 @@ class Run:
         from accelerate.utils import set_seed
         from transformers.utils import logging as hf_logging
 
-        from arena_train.memory import print_run_plan
+        from arena_train.memory import dry_run_exit_code, print_run_plan
         from arena_train.models import resolve_policy_path
         from arena_train.sharding import make_accelerator, require_supported
 
         if run.run_name is None:
-            run.run_name = f"{mixture.label}__{exp_name}__{seed}"
+            run.run_name = run_name_for(mixture.label, exp_name, seed)
         torch.set_num_threads(default_threads(run.torch_threads))  # before any vLLM engine: later calls are no-ops
         hf_logging.disable_progress_bar()
         if run.dry_run:  # the plan needs the model's shape only: Qwen3 names are known without a download
-            raise SystemExit(print_run_plan(
+            raise SystemExit(dry_run_exit_code(print_run_plan(
                 model_path, micro_batch_size=engine.micro_batch_size, lora_rank=engine.lora_rank,
                 max_prompt_tokens=max_prompt_tokens, max_response_tokens=max_response_tokens,
                 gradient_checkpointing=engine.gradient_checkpointing, rollout_backend=engine.rollout_backend,
-                vllm_share=engine.vllm_gpu_memory_utilization, mixed_precision=engine.mixed_precision))
+                vllm_share=engine.vllm_gpu_memory_utilization, mixed_precision=engine.mixed_precision)))
         model_path = resolve_policy_path(model_path)
         accelerator = make_accelerator(engine.mixed_precision)  # FSDP2 also on CPU-only machines (tests)
         world = accelerator.num_processes
@@ -173,10 +201,14 @@ class Run:
             raise SystemExit(f"--num-groups and --eval-episodes must be multiples of the {world} processes")
         set_seed(seed + accelerator.process_index)
         run_dir = Path(run.output_dir) / run.run_name
+        created = first_missing(run_dir) if accelerator.is_main_process else None
         prepare_run_dir(accelerator, run_dir, run.resume, run.overwrite)
+        new = cls(run, engine, evaluation, mixture, exp_name, seed, model_path, accelerator, run_dir, dtype=(
+            torch.bfloat16 if engine.mixed_precision == "bf16" and torch.cuda.is_available() else torch.float32))
+        if created is not None:  # a start-up error from here on must not leave a run behind (see discard_unstarted)
+            atexit.register(discard_unstarted, new, created)
         require_supported(accelerator, engine.lora_rank)
-        dtype = torch.bfloat16 if engine.mixed_precision == "bf16" and torch.cuda.is_available() else torch.float32
-        return cls(run, engine, evaluation, mixture, exp_name, seed, model_path, accelerator, run_dir, dtype)
+        return new
 
     @property
     def rank(self) -> int:
@@ -228,10 +260,12 @@ class Run:
             check_resume(acc, self.run_dir, self.mixture)
         self.start_iteration = 1 + (resume_latest(acc, self.run_dir, self.run.resume_fallback) if self.run.resume
                                     else 0)
-        if acc.is_main_process:
+        if acc.is_main_process:  # a resumed run's args.json keeps its start values; changes are appended
+            config = {**config, "world_size": self.world}
             self.logger = MetricsLogger(self.run_dir, self.start_iteration,
                                         self.run.wandb_project if self.run.track else None, self.run.run_name,
-                                        {**config, "world_size": self.world})
+                                        config, updated_record(self.run_dir, config, self.start_iteration)
+                                        if self.run.resume else config)
         if self.start_iteration == 1 and collapse.on_collapse in ("stop", "rollback"):
             self.monitor.checkpointed(0)
             save_checkpoint(acc, self.run_dir, 0, self.keep)
