@@ -49,8 +49,8 @@ class Command:
 def parse(action: str) -> Command:
     """The command of ``action`` (surrounding blank lines and a code fence around it are ignored)."""
     lines = action.replace("\r\n", "\n").replace("\r", "\n").split("\n")
-    while lines and not lines[0].strip():
-        lines.pop(0)
+    first = next((i for i, line in enumerate(lines) if line.strip()), len(lines))
+    lines = lines[first:]  # one slice: popping blank lines one by one is quadratic in their number
     if lines and lines[0].strip().startswith("```") and len(lines) > 1 and lines[-1].strip() == "```":
         lines = lines[1:-1]
     if not lines or not lines[0].strip():
