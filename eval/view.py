@@ -18,9 +18,9 @@ Model and env text is data, never markup: the records travel as JSON in a ``<scr
 element with ``<``, ``>`` and ``&`` written as ``\\u003c``, ``\\u003e`` and ``\\u0026`` (no text can close the
 element), and the page's script puts text into the document with ``textContent`` only.
 
-The page is bounded (``--max-bytes``, default 4.5 MB): the episodes of the first, best and last held-out
-evaluations go in first, then training episodes of iterations spread evenly over the run, each turn's text cut to
-``--turn-chars``; the page says how many episodes it holds of how many recorded.
+The page is bounded (``--max-bytes``, default 4 MB of episodes): the episodes of the first, best and last held-out
+evaluations go in first, then training episodes of iterations spread evenly over the run, then the other
+evaluations, each turn's text cut to ``--turn-chars``; the page says how many episodes it holds of how many recorded.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ class Args:
     """a run folder (runs/<name>) or an episodes JSONL file (or a folder of them)"""
     out: Path | None = None
     """the page (default: <run>/view.html, or the file's name with .html)"""
-    max_bytes: int = 4_500_000
+    max_bytes: int = 4_000_000
     """the most bytes of episode data in the page (whole episodes are left out past it)"""
     turn_chars: int = 1500
     """characters kept of each text of a turn in the page (the records keep more)"""
@@ -77,19 +77,21 @@ def _spread(values: list[int], k: int) -> list[int]:
 def choose_episodes(records: list[dict[str, Any]], max_bytes: int, turn_chars: int
                     ) -> list[dict[str, Any]]:
     """The episodes that go into the page, at most ``max_bytes`` of JSON: held-out episodes of the first, best
-    and last evaluations, then of the others, then training episodes by iterations spread over the run
-    (halving the spacing until the budget is spent)."""
+    and last evaluations, then training episodes by iterations spread over the run (halving the spacing until the
+    budget is spent), then the other evaluations."""
     evals: dict[Any, list] = {}
     train: dict[Any, list] = {}
     for r in records:
         (evals if r.get("source") == "eval" else train).setdefault(r.get("iteration"), []).append(r)
     order: list[list[dict[str, Any]]] = []
+    rest: list[list[dict[str, Any]]] = []
     if evals:
         its = sorted(evals, key=lambda i: (i is None, i if i is not None else 0))
         rate = {i: sum(r["won"] for r in evals[i]) / len(evals[i]) for i in its}
         best = max(its, key=lambda i: rate[i])
         first = [its[0], best, its[-1]]
-        order += [evals[i] for i in dict.fromkeys(first)] + [evals[i] for i in its if i not in first]
+        order += [evals[i] for i in dict.fromkeys(first)]
+        rest += [evals[i] for i in its if i not in first]
     its = sorted(train, key=lambda i: (i is None, i if i is not None else 0))
     taken: set = set()
     k = 2
@@ -99,11 +101,12 @@ def choose_episodes(records: list[dict[str, Any]], max_bytes: int, turn_chars: i
                 taken.add(i)
                 order.append(train[i])
         k *= 2
+    order += rest
     chosen, size = [], 0
     for block in order:
         for record in block:
             item = page_episode(record, turn_chars)
-            n = len(json.dumps(item, ensure_ascii=False).encode())
+            n = len(json_for_script(item).encode()) + 1  # as the page holds it, with its comma
             if size + n > max_bytes:
                 return chosen
             chosen.append(item)
@@ -203,7 +206,7 @@ def build_page(title: str, episodes: list[dict[str, Any]], total: int, svg: str,
             .replace("__VERDICT__", summary_html).replace("__DATA__", data))
 
 
-def make_view(source: Path, out: Path | None = None, max_bytes: int = 4_500_000, turn_chars: int = 1500) -> Path:
+def make_view(source: Path, out: Path | None = None, max_bytes: int = 4_000_000, turn_chars: int = 1500) -> Path:
     """Write the page of ``source`` (a run folder, an episodes file or a folder of them) -> its path."""
     if not source.exists():
         raise SystemExit(f"error: {source} does not exist; pass a run folder (runs/<name>) or an episodes .jsonl file")
