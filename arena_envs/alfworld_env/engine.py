@@ -5,6 +5,10 @@
 so tests and single envs run in-process. ``ExpertTracker`` drives ALFWorld's handcoded expert
 the way ``AlfredExpert`` does, but never raises into the env and draws its tie-breaking
 randomness from a seed instead of the global ``random`` state.
+
+The ``PddlEnv`` is :class:`~arena_envs.alfworld_env.shared.SharedPddlEnv`: the envs of a process share each
+game's parsed logic and PDDL→SAS translation (the slow part of a reset, done once per game and process, not
+once per env) and one fast_downward library (not a 33.8 MB temporary copy per env).
 """
 
 from __future__ import annotations
@@ -17,10 +21,11 @@ def make_engine(expert: bool):
     """A loadable ALFWorld engine; ``expert`` adds the facts the handcoded expert reads."""
     import textworld
     from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredInfos
-    from textworld.envs.pddl import PddlEnv
+
+    from arena_envs.alfworld_env.shared import SharedPddlEnv
 
     infos = textworld.EnvInfos(won=True, admissible_commands=True, facts=expert, extras=["gamefile"])
-    return AlfredInfos(AlfredDemangler(PddlEnv(infos), shuffle=False))
+    return AlfredInfos(AlfredDemangler(SharedPddlEnv(infos), shuffle=False))
 
 
 @contextmanager

@@ -73,7 +73,7 @@ class ALFWorldEnv(TextEnv):
         if index is None:
             index = int(self.np_random.integers(len(self.game_files)))
         self.gamefile = self.game_files[index % len(self.game_files)]
-        if self._loaded != self.gamefile:  # re-parsing domain and grammar is the slow part of a reset
+        if self._loaded != self.gamefile:  # parsed and translated once per process (alfworld_env.shared)
             self._engine.load(self.gamefile)
             self._loaded = self.gamefile
         self._state = self._engine.reset()
