@@ -31,7 +31,7 @@ from arena_envs.base import TextEnv, int_option
 from arena_envs.splits import check_split, draw_in_split, select_split
 from arena_envs.tirmath.answer import extract_boxed, extract_code, first_boxed_end, is_correct
 from arena_envs.tirmath.data import FAMILIES, Problem, generate_problem, load_problems
-from arena_envs.tirmath.sandbox import ExecResult, Sandbox, clean_text, shared_sandbox
+from arena_envs.tirmath.sandbox import ExecResult, Sandbox, SandboxError, clean_text, shared_sandbox
 
 _ACTION_OPEN = re.compile(r"<\s*action\s*>", re.IGNORECASE)
 _ACTION_CLOSE = re.compile(r"</\s*action\s*>", re.IGNORECASE)
@@ -155,6 +155,8 @@ class TIRMathEnv(TextEnv):
         text, obs, status = action[:cut], "", None
         if code is not None:
             result = self.sandbox.run(code, timeout=self.timeout, memory_mb=self.memory_mb)
+            if result.status == "sandbox_error":  # no outcome of the program: an env error (docs/sandbox.md)
+                raise SandboxError(result.stderr)
             status, obs = result.status, self.format_result(result)
             if self._problem.expert_code is not None and code == self._problem.expert_code and result.status == "ok":
                 self._expert_value = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else None
