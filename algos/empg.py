@@ -304,10 +304,8 @@ def main(args: Args) -> None:
                    device=device, stats=stats, skip_policy=first_minibatch(orders, n_minibatches),
                    use_rollout_logp=args.engine.rollout_is == "none" and backend.score_rollouts)
         # ALGO LOGIC: scores and advantages of the rows (into `row.advantage`)
-        # the advantages need every row's old entropy now, the first mini-batch's rows included
-        score_rows(policy, None, [r for r in rows if r.old_logp is None], micro_batch_size=args.engine.micro_batch_size,
-                   temperature=args.temperature, pad_id=pad_id, device=device, stats=stats,
-                   micro_batch_tokens=args.engine.micro_batch_tokens)
+        from arena_train.batching import score_all
+        score_all(rows)  # the advantages need every row's old entropy now, the first mini-batch's rows included
         advantages = compute_advantages(
             np.array([r.env_return - r.format_penalty for r in rows]), np.array([r.group for r in rows]),
             np.array([r.episode for r in rows]), cross_steps=args.advantage_mode == "cross-step",

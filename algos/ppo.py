@@ -333,7 +333,7 @@ def main(args: Args) -> None:
                    device=device, stats=stats, skip_policy=first_minibatch(orders, n_minibatches),
                    use_rollout_logp=args.engine.rollout_is == "none" and backend.score_rollouts)
         # ALGO LOGIC: scores and advantages of the rows (into `row.advantage`)
-        from arena_train.batching import make_batch
+        from arena_train.batching import make_batch, score_all
         from arena_train.rewards import token_rewards
         from arena_train.trajectory import loss_masks
         with torch.no_grad():
@@ -346,9 +346,7 @@ def main(args: Args) -> None:
         mask = pad_rows(loss_masks(rows), T)  # (N, T); 0 on a trajectory row's env tokens
         rewards = pad_rows(token_rewards(rows, args.reward_density), T)  # scores on turns' last tokens
         if args.kl_in_reward:  # needs every row's old log-probs now, the first mini-batch's rows included
-            score_rows(policy, None, [r for r in rows if r.old_logp is None],
-                       micro_batch_size=args.engine.micro_batch_size, temperature=args.temperature, pad_id=pad_id,
-                       device=device, stats=stats, micro_batch_tokens=args.engine.micro_batch_tokens)
+            score_all(rows)
             rewards -= args.kl_coef * kl_penalty(pad_rows([r.old_logp for r in rows], T),
                                                  pad_rows([r.ref_logp for r in rows], T), args.kl_estimator) * mask
         advantages, returns = gae(rewards, pad_rows([r.extra["values"] for r in rows], T), mask, args.gamma,

@@ -16,6 +16,7 @@ Speed without changing the math:
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections import defaultdict
@@ -27,6 +28,7 @@ import torch
 from arena_train.kv_cache import cache_name
 from arena_train.logprob import token_logprobs
 from arena_train.rollout import Row
+from arena_train.rows import Later
 from arena_train.sharding import is_sharded, lockstep_passes
 
 #: Shorter common prefixes are not worth a separate forward pass.
@@ -83,13 +85,14 @@ def make_batch(rows: list[Row], pad_id: int, device: torch.device | str,
         input_ids[b, P:P + n] = torch.tensor(r.response_ids, dtype=torch.long)
         attn[b, P - p:P + n] = 1
         out["mask"][b, :n] = 1.0 if r.loss_mask is None else torch.as_tensor(r.loss_mask, dtype=torch.float32)
-        for key, value in (("old_logp", r.old_logp), ("ref_logp", r.ref_logp), ("rollout_logp", r.rollout_logp)):
+        for key, value in (("old_logp", r.stored("old_logp")), ("ref_logp", r.ref_logp),
+                           ("rollout_logp", r.rollout_logp)):
             if value is not None:
                 out[key][b, :n] = torch.as_tensor(value)
         out["advantages"][b, :n] = torch.as_tensor(np.broadcast_to(r.advantage, (n,)).astype(np.float32))
     out.update(input_ids=input_ids, attention_mask=attn, response_ids=input_ids[:, P:],
                position_ids=(attn.cumsum(-1) - 1).clamp(min=0) + torch.tensor(cut)[:, None],
-               has_old_logp=torch.tensor([r.old_logp is not None for r in rows]),
+               has_old_logp=torch.tensor([r.stored("old_logp") is not None for r in rows]),
                has_rollout_logp=torch.tensor([r.rollout_logp is not None for r in rows]))
     if any(cut):
         prefix_ids, row_prefix, prefix_attention = _prefix_tensors(rows, cut, pad_id)
@@ -181,7 +184,7 @@ def fill_old_logp(batch: dict[str, torch.Tensor], logp: torch.Tensor, rows: list
     keep = batch["has_old_logp"][:, None]
     batch["old_logp"] = torch.where(keep, batch["old_logp"], logp.detach())
     for b, row in enumerate(rows):
-        if row.old_logp is None:
+        if row.stored("old_logp") is None:
             row.old_logp = logp[b, :len(row.response_ids)].detach().float().cpu().numpy()
 
 
@@ -208,23 +211,31 @@ def split_micro_batches(rows: list[Row], max_rows: int, max_tokens: int = 0) -> 
 def score_rows(policy, ref_model, rows: list[Row], *, micro_batch_size: int, temperature: float, pad_id: int,
                device: torch.device | str, stats: dict[str, float], skip_policy: set[int] | frozenset = frozenset(),
                micro_batch_tokens: int = 0, use_rollout_logp: bool = True) -> None:
-    """Fill ``old_logp`` and ``entropy`` (the policy; rows whose index is in ``skip_policy`` are left None) and
+    """Fill ``old_logp`` and ``entropy`` (the policy; rows whose index is in ``skip_policy`` are left for later) and
     ``ref_logp`` (``ref_model``, if not None) of the rows before the update, in length-sorted micro-batches of
     ``micro_batch_size`` rows and at most ``micro_batch_tokens`` padded tokens (0 = no cap); adds the seconds spent
     to ``stats["time_score"]``.
 
     ``skip_policy`` = the update's first mini-batch (``first_minibatch``), whose own forward gives those rows' old
-    log-probs (``fill_old_logp``). Other rows scored by the rollout itself (``Row.rollout_logp``) take those
+    log-probs (``fill_old_logp``): one forward pass fewer per iteration. Reading those rows' ``old_logp`` or
+    ``entropy`` before it raises ``RowNotScored``; ``score_all(rows)`` fills them now, with this call's settings
+    (``Row.later``). Other rows scored by the rollout itself (``Row.rollout_logp``) take those
     log-probs and entropies instead of a forward pass, unless ``use_rollout_logp`` is False (the trainer's own
     log-probs are wanted beside the rollout's: rollout/trainer mismatch correction). With sharded models every
     process runs as many passes as the busiest one (the extra ones score rows again and discard them): each pass
     all-gathers weights, a collective all processes must join.
     """
     start = time.perf_counter()
+    score_later = functools.partial(score_rows, policy, None, micro_batch_size=micro_batch_size,
+                                    temperature=temperature, pad_id=pad_id, device=device, stats=stats,
+                                    micro_batch_tokens=micro_batch_tokens, use_rollout_logp=use_rollout_logp)
+    scored = Later(set(), score_later)
     policy_rows = []
     for j, r in enumerate(rows):
         if j in skip_policy:
+            r.later = Later({"old_logp", "entropy"}, score_later)
             continue
+        r.later = scored
         if r.rollout_logp is not None and use_rollout_logp:  # the generation pass scored it with these weights
             r.old_logp, r.entropy = r.rollout_logp, r.rollout_entropy
         else:
@@ -247,6 +258,22 @@ def score_rows(policy, ref_model, rows: list[Row], *, micro_batch_size: int, tem
                 else:
                     row.ref_logp = values
     stats["time_score"] += time.perf_counter() - start
+
+
+def score_all(rows: list[Row]) -> None:
+    """Fill the rows' fields that ``score_rows`` left for later (``Row.later``: the update's first mini-batch), with
+    that call's settings, so that the advantage block can read every row's ``old_logp`` and ``entropy``; the
+    update then uses these old log-probs instead of its first forward pass's (equal up to float rounding).
+    Call it on every process (a sharded policy's passes are collectives); rows already filled keep their values."""
+    pending = [r for r in rows if r.later is not None and r.later.fields]
+    score = next((r.later.score for r in rows if r.later is not None), None)
+    if score is None:  # no score_rows call marked these rows: nothing was left for later
+        return
+    kept = {id(r): r.stored("old_logp") for r in pending if "old_logp" not in r.later.fields}
+    score(pending)
+    for r in pending:
+        if id(r) in kept:  # the update's forward already gave it: the update's number stays
+            r.old_logp = kept[id(r)]
 
 
 def lockstep_micro_batches(accelerator, rows: list[Row], max_rows: int,

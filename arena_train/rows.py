@@ -4,8 +4,8 @@ settings, prompt encoding and the cut of a response at its env's turn end."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, fields
+from typing import Any, Callable
 
 import numpy as np
 
@@ -20,6 +20,50 @@ class TurnSpan:
     end: int
     env_reward: float  # env reward of this turn, before the format penalty
     format_penalty: float
+
+
+class RowNotScored(RuntimeError):
+    """A row field read before the pass that fills it (``Row.old_logp``, ``Row.entropy``)."""
+
+
+@dataclass
+class Later:
+    """Which fields of a row ``score_rows`` left for later (the update's first mini-batch: its own forward pass gives
+    those rows' old log-probs), and the one call that fills them now: ``score`` = that ``score_rows`` call on
+    other rows (``arena_train.batching.score_all``). Scored rows share one ``Later`` with no fields."""
+
+    fields: set[str]
+    score: Callable[[list[Row]], None] = field(repr=False)
+
+
+class FilledByScoring:
+    """A ``Row`` field filled by ``score_rows``: reading it while the row's ``later`` lists it raises
+    ``RowNotScored`` instead of returning the placeholder (None, 0.0), which would be a wrong number, not a marker.
+    The machinery that fills the field reads it with ``Row.stored``."""
+
+    def __init__(self, default: Any) -> None:
+        self.default = default
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, row: Row | None, owner: type | None = None) -> Any:
+        if row is None:  # the class attribute: the dataclass's default
+            return self.default
+        later = row.later
+        if later is not None and self.name in later.fields:
+            raise RowNotScored(
+                f"Row.{self.name} is not filled yet: this row is in the update's first mini-batch, which score_rows "
+                f"leaves to the update's own forward pass (arena_train.batching.fill_old_logp fills old_logp there; "
+                f"entropy only a scoring pass fills). To read it now, call arena_train.batching.score_all(rows) "
+                f"first: one no-grad pass over the rows not scored yet, whose log-probs the update then uses.")
+        return row.__dict__[self.name]
+
+    def __set__(self, row: Row, value: Any) -> None:
+        row.__dict__[self.name] = value
+        later = row.later
+        if later is not None and self.name in later.fields:
+            later.fields.discard(self.name)
 
 
 @dataclass
@@ -40,15 +84,26 @@ class Row:
     won: bool  # the episode was won (filled when it ends)
     env_return: float = 0.0  # the episode's env return, format penalties excluded (EpisodeStats.env_return)
     advantage: Any = 0.0  # float or (len(response_ids),) array
-    old_logp: np.ndarray | None = None  # (len(response_ids),) log-probs before the update
+    old_logp: np.ndarray | None = FilledByScoring(None)  # (len(response_ids),) log-probs before the update
     ref_logp: np.ndarray | None = None  # (len(response_ids),) log-probs of the reference model
-    entropy: float = 0.0  # mean token entropy of the response under the old policy (EMPG)
+    entropy: float = FilledByScoring(0.0)  # mean token entropy of the response under the old policy (EMPG)
     rollout_logp: np.ndarray | None = None  # (len(response_ids),) log-probs from the generation pass itself
     rollout_entropy: float = 0.0  # mean token entropy from the generation pass (with rollout_logp)
     extra: dict[str, Any] = field(default_factory=dict)  # room for method-specific data
     loss_mask: np.ndarray | None = None  # (len(response_ids),) 1 = policy token, 0 = env token; None = all 1
     turns: list[TurnSpan] = field(default_factory=list)  # trajectory rows: every turn's span (empty for step rows)
     stop: str = "eos"  # why the response ended (TURN_STOPS; a trajectory row: its last turn's)
+    later = None  # a Later: which fields score_rows left for later (not a dataclass field: it holds the policy)
+
+    def stored(self, name: str) -> Any:
+        """A field's value as stored, without ``RowNotScored``: for the machinery that fills it."""
+        return self.__dict__[name]
+
+    def __repr__(self) -> str:  # a row waiting for its old log-probs can still be printed
+        later = self.later.fields if self.later is not None else ()
+        shown = (f"{f.name}={'<not scored yet>' if f.name in later else repr(self.stored(f.name))}"
+                 for f in fields(self) if f.repr)
+        return f"Row({', '.join(shown)})"
 
 
 #: Why a turn's response ended (docs/metrics.md "Stop reasons"): its end token, the env's turn end (the env read

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import asdict
+from dataclasses import fields
 from pathlib import Path
 
 import numpy as np
@@ -140,8 +140,8 @@ def main() -> None:
     script.main(args)
     rank = int(os.environ.get("RANK", "0"))
     out_dir.mkdir(parents=True, exist_ok=True)
-    recorded["rows"] = [[{k: v for k, v in asdict(r).items() if k not in ("old_logp", "ref_logp")} for r in rows]
-                        for rows in recorded["rows"]]
+    recorded["rows"] = [[{f.name: r.stored(f.name) for f in fields(r) if f.name not in ("old_logp", "ref_logp")}
+                         for r in rows] for rows in recorded["rows"]]  # as stored: rows left for later too
     torch.save({**recorded, "grads": RecordingSGD.steps}, out_dir / f"rank{rank}.pt")
 
 
