@@ -168,3 +168,18 @@ def test_a_bad_alarm_flag_names_the_flag(capsys):
     with pytest.raises(SystemExit):
         parse_args(grpo.Args, grpo.GPU_PROFILE, ["--collapse-success-drop", "2"])
     assert "--collapse-success-drop must be in (0, 1) (got 2.0)" in capsys.readouterr().err
+
+
+def test_gpu_profile_without_a_gpu_warns_at_start(monkeypatch, capsys):
+    import torch
+
+    grpo = load_script("grpo")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    parse_args(grpo.Args, grpo.GPU_PROFILE, ["--profile", "gpu"])
+    assert capsys.readouterr().err.startswith("warning: --profile gpu on a machine without a GPU")
+    parse_args(grpo.Args, grpo.GPU_PROFILE, ["--profile", "gpu", "--dry-run"])  # planning a GPU run here
+    parse_args(grpo.Args, grpo.GPU_PROFILE, [])
+    assert capsys.readouterr().err == ""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    parse_args(grpo.Args, grpo.GPU_PROFILE, ["--profile", "gpu"])
+    assert capsys.readouterr().err == ""

@@ -4,10 +4,19 @@ their errors) and the default CPU thread count."""
 from __future__ import annotations
 
 import os
+from types import SimpleNamespace
 
 import pytest
 
-from arena_train.run import clear_run, default_threads, prepare_run_dir, run_dir_problem
+from arena_train.memory import dry_run_exit_code
+from arena_train.run import (
+    clear_run,
+    default_threads,
+    discard_unstarted,
+    first_missing,
+    prepare_run_dir,
+    run_dir_problem,
+)
 
 
 @pytest.fixture(scope="module")
@@ -70,6 +79,47 @@ def test_an_unwritable_folder_is_named(tmp_path):
     problem = run_dir_problem(blocker / "run", resume=False, overwrite=False)
     assert problem.startswith(f"error: the output folder {blocker / 'run'} is not writable")
     assert "--output-dir" in problem
+
+
+# ---- a start-up error leaves no run folder
+def test_a_start_that_logged_nothing_leaves_no_folder_nor_the_folders_it_made(tmp_path):
+    run_dir = tmp_path / "out" / "runs" / "r"
+    created = first_missing(run_dir)
+    assert created == tmp_path / "out" and first_missing(tmp_path) is None
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "args.json").write_text("{}")
+    discard_unstarted(SimpleNamespace(run_dir=run_dir, logger=SimpleNamespace(logged=0)), created)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_only_the_run_and_the_empty_folders_its_start_made_go(tmp_path):
+    run_dir = tmp_path / "out" / "runs" / "r"
+    created = first_missing(run_dir)
+    run_dir.mkdir(parents=True)
+    (tmp_path / "out" / "sweep.log").write_text("another program's file")
+    discard_unstarted(SimpleNamespace(run_dir=run_dir, logger=None), created)
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["sweep.log"]
+
+
+def test_a_run_that_logged_a_line_is_kept(tmp_path):
+    run_dir = tmp_path / "r"
+    created = first_missing(run_dir)
+    run_dir.mkdir()
+    discard_unstarted(SimpleNamespace(run_dir=run_dir, logger=SimpleNamespace(logged=1)), created)
+    assert run_dir.is_dir()
+
+
+# ---- --dry-run's exit status
+@pytest.mark.parametrize(("launcher", "code", "expected"), [
+    (None, 0, 0), (None, 1, 1), ("ACCELERATE_MIXED_PRECISION", 0, 0), ("ACCELERATE_MIXED_PRECISION", 1, 0),
+    ("TORCHELASTIC_RUN_ID", 1, 0)])
+def test_dry_run_does_not_fit_is_status_1_except_under_a_launcher(monkeypatch, capsys, launcher, code, expected):
+    for name in ("ACCELERATE_MIXED_PRECISION", "TORCHELASTIC_RUN_ID", "RANK"):
+        monkeypatch.delenv(name, raising=False)
+    if launcher:
+        monkeypatch.setenv(launcher, "x")
+    assert dry_run_exit_code(code) == expected
+    assert ("does not fit" in capsys.readouterr().out) == (launcher is not None and code == 1)
 
 
 # ---- the default thread count

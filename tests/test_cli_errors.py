@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -17,8 +18,13 @@ GRPO = ROOT / "algos" / "grpo.py"
 SFT = ROOT / "algos" / "sft.py"
 
 
-def run(*argv: str, pythonpath: str | None = None, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+def run(*argv: str, pythonpath: str | None = None, cwd: Path = ROOT,
+        hub: str | None = None) -> subprocess.CompletedProcess:
+    """``python *argv`` offline; ``hub``: the Hugging Face endpoint instead of offline mode."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    if hub is not None:
+        env.pop("HF_HUB_OFFLINE")
+        env["HF_ENDPOINT"] = hub
     if pythonpath is not None:
         env["PYTHONPATH"] = os.pathsep.join([pythonpath, env.get("PYTHONPATH", str(ROOT))])
     return subprocess.run([sys.executable, *map(str, argv)], env=env, capture_output=True, text=True, timeout=300,
@@ -117,6 +123,59 @@ def test_resume_without_latest_json_is_an_error_not_a_fresh_start(tiny_model, tm
     err = short_error(run(GRPO, "--model-path", tiny_model, "--output-dir", tmp_path, "--run-name", "r", "--resume"))
     assert "latest.json is missing" in err and "--resume-fallback" in err
     assert (run_dir / "metrics.jsonl").read_text() == '{"iteration": 1}\n'
+
+
+#: A hub endpoint that refuses connections at once: the hub unreachable, with no network needed by the test.
+NO_HUB = "http://127.0.0.1:9"
+#: Start-up errors, each (flags, what its message says, a blocked package or None, the hub endpoint or None);
+#: the unreachable hub id has its own test below.
+STARTUP_ERRORS = {
+    "track-without-wandb": (["--track", "--model-path", "tiny"], 'pip install -e ".[wandb]"', "wandb", None),
+    "bad-flag-value": (["--top-p", "1.5", "--model-path", "tiny"], "--top-p must be in (0, 1]", None, None),
+    "unknown-env": (["--env-id", "ARL/Nope-v0", "--model-path", "tiny"], "unknown env id", None, None),
+    "prompt-too-long": (["--max-prompt-tokens", "8"], "more than --max-prompt-tokens 8", None, None),
+}
+
+
+@pytest.mark.parametrize("case", sorted(STARTUP_ERRORS))
+def test_a_start_up_error_leaves_nothing_on_disk(case, tiny_model, tmp_path):
+    """Every start-up error is one line and leaves no run folder (nor the output folder it would have made), so
+    the corrected command is not refused as a second run; the prompt check comes after args.json was written."""
+    flags, expected, blocked_package, hub = STARTUP_ERRORS[case]
+    if "--model-path" not in flags:
+        flags = [*flags, "--model-path", tiny_model]
+    out = tmp_path / "out" / "runs"
+    err = short_error(run(GRPO, *flags, "--output-dir", out, "--run-name", "r", hub=hub,
+                          pythonpath=blocked(tmp_path, blocked_package) if blocked_package else None))
+    assert expected in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_unreachable_hub_id_is_one_line_within_seconds_and_leaves_nothing(tmp_path):
+    started = time.perf_counter()
+    err = short_error(run(GRPO, "--model-path", "someuser/not-a-model", "--output-dir", tmp_path / "out", hub=NO_HUB))
+    assert time.perf_counter() - started < 40  # imports included; the hub library's retries took about 50 s
+    assert err.startswith("error: --model-path someuser/not-a-model is not in the Hugging Face cache and the hub "
+                          "cannot be reached") and "HF_HUB_OFFLINE=1" in err and "'tiny'" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_resume_of_a_run_that_does_not_exist_trains_nothing(tmp_path):
+    (tmp_path / "grpo-a" / "checkpoints").mkdir(parents=True)
+    err = short_error(run(GRPO, "--model-path", "tiny", "--output-dir", tmp_path, "--run-name", "grpo-typo",
+                          "--resume"))
+    assert f"no run in {tmp_path / 'grpo-typo'}; runs in {tmp_path}: grpo-a" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["grpo-a"]
+
+
+def test_dry_run_that_does_not_fit_ends_cleanly_under_accelerate_launch():
+    """The plan's status 1 would become accelerate's CalledProcessError traceback: under a launcher the plan ends
+    with a plain "does not fit" line and status 0 (python script.py --dry-run keeps status 1)."""
+    proc = run("-m", "accelerate.commands.launch", "--num_processes", "1", "--num_machines", "1", "--cpu",
+               "--mixed_precision", "no", "--dynamo_backend", "no", GRPO, "--profile", "gpu", "--model-path",
+               "Qwen/Qwen3-8B", "--dry-run")
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "does NOT fit" in proc.stdout and proc.stdout.splitlines()[-1].startswith("does not fit (see above)")
 
 
 @pytest.mark.slow
