@@ -8,7 +8,8 @@ Everything here is a raw syscall wrapper, so the server needs no extra package:
   is detached, so nothing else (dataset, project, ``/root``, sockets) has a name inside.
 * ``mount_workdir`` / ``discard_workdir``: a fresh tmpfs per run, discarded with a lazy
   unmount -- clean-up never walks a path the program could have changed.
-* ``drop_privileges``: empty bounding/ambient/effective sets, uid drop, ``no_new_privs``.
+* ``drop_privileges``: empty bounding/ambient/effective sets, uid drop (file access as another uid where
+  needed), ``no_new_privs``.
 * ``Landlock``: file, TCP and signal/abstract-socket scoping for what namespaces leave.
 * ``seccomp_filter``: deny by default -- an allow-list of the calls a Python program needs, with
   the process-targeting ones limited to the caller, file/ioctl/madvise commands and read/write flags
@@ -163,15 +164,26 @@ def set_parent_death_signal(sig: int) -> None:
     _LIBC.prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)
 
 
-def drop_privileges(uid: int | None, last_cap: int) -> None:
-    """Empty every capability set (bounding and ambient included), change uid, set no_new_privs."""
+def drop_privileges(uid: int | None, last_cap: int, fs_uid: int | None = None) -> None:
+    """Empty every capability set (bounding and ambient included), change uid, set no_new_privs.
+
+    ``fs_uid``: the uid file access is checked against when it must differ from ``uid`` (root's Python
+    installation that ``uid`` cannot read): real and effective uid become ``uid`` -- so ``RLIMIT_NPROC``, which
+    never binds the real uid 0, binds -- and only the file-system uid stays ``fs_uid``. That needs the saved uid
+    to stay ``fs_uid`` too (``setfsuid`` without ``CAP_SETUID`` may only pick the real, effective or saved uid);
+    the seccomp filter refuses every uid change, so it cannot be used afterwards.
+    """
     for cap in range(last_cap + 1):
         _LIBC.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)  # EINVAL for caps the kernel lacks: fine
     _LIBC.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
     if uid is not None:
         os.setgroups([])
         os.setresgid(uid, uid, uid)
-        os.setresuid(uid, uid, uid)
+        os.setresuid(uid, uid, uid if fs_uid is None else fs_uid)
+        if fs_uid is not None:
+            _LIBC.setfsuid(fs_uid)
+            if _LIBC.setfsuid(-1) != fs_uid:  # -1 changes nothing and returns the current one
+                raise OSError(errno.EPERM, "setfsuid")
     header = (ctypes.c_uint32 * 2)(_CAP_VERSION_3, 0)
     _check(_LIBC.capset(header, (ctypes.c_uint32 * 6)()), "capset")
     _check(_LIBC.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")

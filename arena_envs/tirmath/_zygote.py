@@ -72,7 +72,8 @@ def serve(ctl: socket.socket, plan, confine) -> None:
             finally:
                 os._exit(1)  # never return into the zygote's loop
         _close_all(fds)
-        ctl.send(json.dumps({"status": _await(ctl, pid, plan)}).encode())
+        status, usage = _await(ctl, pid, plan)
+        ctl.send(json.dumps({"status": status, "rusage": usage}).encode())
 
 
 def _close_all(fds: list[int]) -> None:
@@ -80,8 +81,9 @@ def _close_all(fds: list[int]) -> None:
         os.close(fd)
 
 
-def _await(ctl: socket.socket, pid: int, plan) -> int:
-    """Wait for the child (or the server's ``kill``); afterwards nothing of the call is left running."""
+def _await(ctl: socket.socket, pid: int, plan) -> tuple[int, dict]:
+    """Wait for the child (or the server's ``kill``); afterwards nothing of the call is left running. Returns the
+    wait status and the child's resource usage (for the record of how each call ended)."""
     pidfd = os.pidfd_open(pid)
     try:
         while True:
@@ -93,7 +95,9 @@ def _await(ctl: socket.socket, pid: int, plan) -> int:
             _kill_call(pid, plan)
     finally:
         os.close(pidfd)
-    status = os.waitpid(pid, 0)[1]
+    _pid, status, ru = os.wait4(pid, 0)
+    usage = {"cpu_s": round(ru.ru_utime + ru.ru_stime, 4), "maxrss_kb": ru.ru_maxrss, "minflt": ru.ru_minflt,
+             "majflt": ru.ru_majflt, "nvcsw": ru.ru_nvcsw, "nivcsw": ru.ru_nivcsw}
     _kill_call(pid, plan)
     if plan.pidns:  # reap what the call left (re-parented to us as the namespace's init)
         while True:
@@ -101,7 +105,7 @@ def _await(ctl: socket.socket, pid: int, plan) -> int:
                 os.waitpid(-1, 0)
             except ChildProcessError:
                 break
-    return status
+    return status, usage
 
 
 def _kill_call(pid: int, plan) -> None:
@@ -173,7 +177,7 @@ def _harden(req: dict, plan, confine, parent: int) -> None:
         resource.setrlimit(lim, value if isinstance(value, tuple) else (value, value))
     os.chdir(workdir)
     if plan.drop_privileges:
-        confine.drop_privileges(plan.uid, plan.last_cap)
+        confine.drop_privileges(plan.uid, plan.last_cap, plan.fs_uid)
     # after the uid change (which clears it); a zygote that died before this line is caught below
     confine.set_parent_death_signal(signal.SIGKILL)
     if os.getppid() != parent:

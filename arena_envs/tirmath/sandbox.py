@@ -13,8 +13,10 @@ level is logged once per process as a warning (threat model and levels: docs/san
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
+import math
 import os
 import select
 import signal
@@ -57,6 +59,44 @@ _LOG = logging.getLogger(__name__)
 #: largest gold + predicted answer (JSON) that ``verify`` sends
 MAX_VERIFY_BYTES = 32 << 10
 _REPORTED: set[tuple[str, str | None]] = set()
+#: how many call ends ``Sandbox.ends`` keeps
+ENDS_KEPT = 1000
+
+
+class SandboxError(RuntimeError):
+    """The sandbox could not give a call an outcome: its server died or did not answer, or its child died twice
+    of a signal that none of its limits explains. An env error (the rollout's failure policy replays or drops
+    the episode), never the program's or the answer's outcome."""
+
+
+def unexplained_signal(reply: dict, cpu_limit: int) -> bool:
+    """Whether the child died of a signal its own limits do not explain: not the server's kill at the wall-clock
+    or output limit, not ``SIGXCPU``/``SIGXFSZ`` (CPU and file-size limits), not the kernel's ``SIGKILL`` at the
+    hard CPU limit (``cpu_limit`` + 1 s of CPU time)."""
+    sig = reply.get("signal")
+    if sig is None or reply.get("limit") is not None or sig in (signal.SIGXCPU, signal.SIGXFSZ):
+        return False
+    return not (sig == signal.SIGKILL and (reply.get("rusage") or {}).get("cpu_s", 0.0) >= cpu_limit)
+
+
+_PID_MAX: list[int] = []
+
+
+def host_facts() -> dict:
+    """The host's load, free pids and available memory now (``/proc``; ``None`` where unreadable)."""
+    facts = {"load1": None, "free_pids": None, "mem_available_mb": None}
+    try:
+        fields = Path("/proc/loadavg").read_text().split()
+        if not _PID_MAX:
+            _PID_MAX.append(int(Path("/proc/sys/kernel/pid_max").read_text()))
+        facts["load1"] = float(fields[0])
+        facts["free_pids"] = _PID_MAX[0] - int(fields[3].split("/")[1])  # every task (thread) holds a pid
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                facts["mem_available_mb"] = int(line.split()[1]) >> 10
+    except (OSError, ValueError, IndexError):
+        pass
+    return facts
 
 
 def clean_text(text: str) -> str:
@@ -142,6 +182,8 @@ class Sandbox:
         self._owner_pid = -1
         self._layers: dict = {}
         self._zygote_pid: int | None = None
+        #: how the latest calls ended (``ENDS_KEPT``): op, attempt, status inputs, rusage, level, host facts
+        self.ends: collections.deque[dict] = collections.deque(maxlen=ENDS_KEPT)
 
     # --- lifecycle ------------------------------------------------------------------
     @property
@@ -307,9 +349,29 @@ class Sandbox:
         finally:
             helper._lock.release()
 
+    def _record(self, op: str, attempt: int, reply: dict | None, timeout: float) -> bool:
+        """Log how a call ended (every call: DEBUG; a death its limits do not explain: WARNING) and keep it in
+        ``ends``. Returns whether it needs the retry (no reply, or an unexplained signal)."""
+        unexplained = reply is None or unexplained_signal(reply, max(1, math.ceil(timeout)))
+        end = {"op": op, "attempt": attempt, "level": self._layers.get("boundary"), "unexplained": unexplained,
+               "time": time.time(), **host_facts()}
+        if reply is None:
+            end["error"] = "no reply (server died or hung)"
+        else:
+            end.update({k: reply.get(k) for k in ("signal", "exit_code", "limit", "elapsed", "rusage")})
+        self.ends.append(end)
+        if unexplained:
+            _LOG.warning("TIR-Math sandbox: a %s call ended without a reason its limits explain (attempt %d of 2; "
+                         "%s): %s", op, attempt, "retrying" if attempt == 1 else "an env error", end)
+        elif _LOG.isEnabledFor(logging.DEBUG):
+            _LOG.debug("TIR-Math sandbox call ended: %s", end)
+        return unexplained
+
     def run(self, code: str, timeout: float | None = None, memory_mb: int | None = None,
             report: int = 0) -> ExecResult:
-        """Execute ``code`` (any string) in a fresh hardened child; never raises for bad code.
+        """Execute ``code`` (any string) in a fresh hardened child; never raises for bad code. A call whose child
+        dies of a signal its limits do not explain (or whose server dies) is run once more; if that happens again
+        the result is ``sandbox_error``, which callers must treat as an env error, not as the program's outcome.
 
         ``report > 0`` gives the child a pipe at fd 3 whose bytes (up to ``report``) come back as
         ``ExecResult.report``, apart from stdout. It is a channel, not a proof: the program can write
@@ -322,9 +384,14 @@ class Sandbox:
         if report > 0:
             req["report"] = int(report)
         start = time.monotonic()
-        reply = self._request(req, timeout + self.margin)
-        if reply is None:
-            return ExecResult("sandbox_error", "", "sandbox server died or did not answer", None, None,
+        for attempt in (1, 2):  # a death its limits do not explain is retried once (docs/sandbox.md)
+            reply = self._request(req, timeout + self.margin)
+            if not self._record("run", attempt, reply, timeout):
+                break
+        else:
+            why = ("sandbox server died or did not answer" if reply is None else
+                   f"sandbox child died twice of signal {reply['signal']}, which none of its limits explains")
+            return ExecResult("sandbox_error", "", why, None, None if reply is None else reply["signal"],
                               time.monotonic() - start, 0)
         raw = reply.get("report")
         return ExecResult(_classify(reply), clean_text(reply["stdout"]), clean_text(reply["stderr"]),
@@ -334,7 +401,8 @@ class Sandbox:
     def verify(self, gold: str, pred: str, timeout: float = 1.0, memory_mb: int = 2048) -> bool:
         """``_zygote.grade`` (math-verify ``parse``/``verify`` under the grading rules) in a hardened child (it
         evaluates untrusted text). Concurrent checks run in parallel servers (``max_verify_servers``): one slow
-        answer delays no other check.
+        answer delays no other check. A check over its ``timeout`` is ``False``; one whose server dies or whose
+        child dies of a signal its limits do not explain is retried once, then raises ``SandboxError``.
 
         The answers travel as private bytes: only the short-lived verify child reads them, so the
         gold answer never sits in the server's memory, which every later program inherits by fork.
@@ -345,8 +413,13 @@ class Sandbox:
         nonce = os.urandom(8).hex()
         req = {"op": "verify", "nonce": nonce, "timeout": float(timeout),
                "mem_mb": int(memory_mb), "max_output": 256, "kill_output": 1 << 16, "fsize": 0}
-        reply = self._verify_request(req, timeout + self.margin, private)
-        return reply is not None and reply.get("limit") is None and reply["stdout"].endswith(nonce + "1")
+        for attempt in (1, 2):
+            reply = self._verify_request(req, timeout + self.margin, private)
+            if not self._record("verify", attempt, reply, timeout):
+                return reply.get("limit") is None and reply["stdout"].endswith(nonce + "1")
+        raise SandboxError("the answer check got no reply from its server" if reply is None else
+                           f"the answer check died twice of signal {reply['signal']}, which none of its limits "
+                           "explains")
 
 
 _SHARED: dict[int, Sandbox] = {}

@@ -1,0 +1,146 @@
+"""TIR-Math sandbox: the fallback level bounds what the default one does, and every call's end is explained.
+
+``Sandbox(max_boundary="landlock")`` forces the fallback level (no namespaces at all: the weakest configuration
+such a machine has); each test runs at both levels where the level is available here.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from arena_envs.tirmath import Problem, TIRMathEnv
+from arena_envs.tirmath.sandbox import Sandbox, SandboxError
+
+LEVELS = ("namespace", "landlock")
+
+
+@pytest.fixture(scope="module", params=LEVELS)
+def box(request):
+    """A raw sandbox (audit hook off: only the kernel layers count) at each level; plain Python, no preload."""
+    sandbox = Sandbox(timeout=3.0, memory_mb=512, audit_hook=False, max_boundary=request.param, preload=False)
+    if sandbox.boundary != request.param:
+        sandbox.close()
+        pytest.skip(f"{request.param} level unavailable here: {sandbox.layers['fallback']}")
+    yield sandbox
+    sandbox.close()
+
+
+THREADS = """import threading
+stop, n = threading.Event(), 0
+try:
+    for _ in range(2000):
+        threading.Thread(target=stop.wait, daemon=True).start()
+        n += 1
+except RuntimeError:
+    pass
+stop.set()
+print(n)"""
+
+
+def test_the_child_never_runs_as_uid_0(box):
+    """Before: at the fallback level, where ``nobody`` cannot read the Python installation (``/root/.pyenv``),
+    the child kept uid 0, and ``RLIMIT_NPROC`` never binds a real uid 0."""
+    result = box.run("import os\nprint(*os.getresuid())")
+    real, effective, _saved = map(int, result.stdout.split())
+    if os.geteuid() == 0:
+        assert real != 0 and effective != 0, result.stdout
+    assert box.layers["rlimit_nproc"] == "enforced"
+
+
+def test_no_threads_or_processes_at_any_level(box):
+    """Before: 117 threads at the fallback level in this test's 512 MB (2,000 with more memory: a few calls
+    could take the host's 32,768 pids)."""
+    assert box.run(THREADS).stdout == "0\n"
+    assert box.run("import os\nos.fork()").last_error_line.startswith(("PermissionError", "BlockingIOError"))
+
+
+def test_lazy_imports_still_read_the_installation(box):
+    """File access as the installation's owner (fallback level, root's 0700 home) keeps imports working."""
+    result = box.run("import email.mime.text, fractions, sympy\nprint(sympy.sqrt(8))")
+    assert result.status == "ok" and result.stdout == "2*sqrt(2)\n", result.stderr[-300:]
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(entry))
+    return out
+
+
+def _kill_first_child(box: Sandbox, killed: list[int]) -> None:
+    """Play the outside killer of the unexplained bursts: SIGKILL the first call's child once it runs."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        for pid in _children(box.zygote_pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:  # ended between the listing and the kill
+                continue
+            killed.append(pid)
+            return
+        time.sleep(0.002)
+
+
+def test_a_child_killed_from_outside_is_retried(box):
+    """A SIGKILL no limit explains (here from the test, as from an unknown killer in the bursts) is logged and the
+    call runs again; the program's outcome is the second run's. Before: ``crashed``, scored as the program's."""
+    box.run("pass")
+    killed: list[int] = []
+    killer = threading.Thread(target=_kill_first_child, args=(box, killed))
+    killer.start()
+    result = box.run("import time\ntime.sleep(0.5)\nprint('done')")
+    killer.join()
+    assert killed and result.status == "ok" and result.stdout == "done\n"
+    first, second = list(box.ends)[-2:]
+    assert (first["attempt"], first["signal"], first["unexplained"]) == (1, signal.SIGKILL, True)
+    assert (second["attempt"], second["unexplained"]) == (2, False)
+    for key in ("level", "rusage", "load1", "free_pids", "mem_available_mb", "limit"):
+        assert key in first
+    assert first["level"] == box.boundary and first["free_pids"] > 0
+
+
+def test_a_repeated_unexplained_death_is_an_env_error(box):
+    """Twice killed by a signal of its own (allowed towards itself): ``sandbox_error`` after one retry, and the
+    env raises ``SandboxError`` (the rollout's failure policy) instead of scoring it."""
+    code = "import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)"
+    result = box.run(code)
+    assert result.status == "sandbox_error" and "twice" in result.stderr
+    assert [(e["attempt"], e["signal"]) for e in list(box.ends)[-2:]] == [(1, signal.SIGSEGV), (2, signal.SIGSEGV)]
+    env = TIRMathEnv(data=[Problem("q", "1", "t")], sandbox=box)
+    env.reset(seed=0)
+    with pytest.raises(SandboxError):
+        env.step(f"```python\n{code}\n```")
+
+
+def test_deaths_the_limits_explain_are_not_retried(box):
+    n = len(box.ends)
+    assert box.run("while True:\n    pass", timeout=1.0).status == "timeout"
+    assert box.run("import sys\nwhile True:\n    sys.stdout.write('x' * 100000)").status == "output_limit"
+    ends = list(box.ends)[n:]
+    assert [e["attempt"] for e in ends] == [1, 1] and not any(e["unexplained"] for e in ends)
+
+
+def test_a_verify_child_killed_from_outside_is_retried():
+    box = Sandbox(max_verify_servers=1)
+    try:
+        assert box.verify("\\boxed{1}", "\\boxed{1}")
+        killed: list[int] = []
+        killer = threading.Thread(target=_kill_first_child, args=(box, killed))
+        killer.start()
+        ok = box.verify("\\boxed{x^{2}+2x+1}", "\\boxed{(x+1)^{2}}")
+        killer.join()
+        assert ok and [e["attempt"] for e in list(box.ends)[-2:]] == [1, 2]
+    finally:
+        box.close()
