@@ -270,13 +270,25 @@ def seed_band(series: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, 
     return its, mean, std
 
 
+def success_panel(runs: list[Run]) -> tuple[str, str]:
+    """(metric, title) of the success panel: held-out success when every run logged it (the rollout success of a
+    training batch is noisier and measured on training tasks), else the rollout success, titled as such."""
+    if runs and all(r.log.has(EVAL_SUCCESS_KEY) for r in runs):
+        return EVAL_SUCCESS_KEY, "held-out success rate (eval/success_rate)"
+    return "rollout/success_rate", "rollout success rate (no held-out evaluation logged)"
+
+
 def plot_dynamics(runs: list[Run], env: str, out_stem: Path, baseline: str = "GRPO") -> list[Path]:
-    """One figure per env: a panel per metric, a line per method; returns the files written."""
+    """One figure per env: a panel per metric, a line per method; returns the files written. The first panel is
+    ``success_panel``'s."""
     mine = [r for r in runs if r.env == env]
     fig, axes = plt.subplots(2, 3, figsize=(15, 8), squeeze=False)
     methods = method_order([r.method for r in mine], baseline)
     colors = plt.get_cmap("tab10" if len(methods) <= 10 else "tab20").colors
-    for ax, (key, title, log_y) in zip(axes.flat, PANELS):
+    for panel, (key, title, log_y) in enumerate(PANELS):
+        ax = axes.flat[panel]
+        if panel == 0:
+            key, title = success_panel(mine)
         ax.set_title(title)
         ax.set_xlabel("iteration")
         drawn, positive = False, True
@@ -290,7 +302,7 @@ def plot_dynamics(runs: list[Run], env: str, out_stem: Path, baseline: str = "GR
             ax.fill_between(its, mean - std, mean + std, color=color, alpha=0.2, lw=0)
             drawn = True
             positive &= bool(np.all(mean[np.isfinite(mean)] > 0))
-            if key == PANELS[0][0]:
+            if panel == 0:
                 _mark_collapses([r for r in mine if r.method == method], its, mean, ax, color)
         if not drawn:
             ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes, color="gray")

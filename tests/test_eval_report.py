@@ -122,3 +122,16 @@ def test_report_shows_the_in_run_alarm_beside_the_post_hoc_verdict(tmp_path):
     assert "In-run alarm events:" in (out / "report.html").read_text()
     stab = json.loads((out / "stability.json").read_text())[0]
     assert [a["action"] for a in stab["alarms"]] == ["rollback", "rollback"]
+
+
+def test_the_success_panel_shows_held_out_success_when_every_run_logged_it(tmp_path):
+    from eval.report import success_panel
+
+    with_eval = [dict(row, **({"eval/success_rate": 0.4} if row["iteration"] % 10 == 0 else {}))
+                 for row in synthetic_rows(n=30, peak=0.6, seed=1)]
+    write_run(tmp_path / "a", with_eval, config={"exp_name": "grpo", "seed": 1, "env_id": "ARL/Sokoban-v0"})
+    write_run(tmp_path / "b", synthetic_rows(n=30, peak=0.6, seed=2),
+              config={"exp_name": "grpo", "seed": 2, "env_id": "ARL/Sokoban-v0"})
+    runs, _ = load_runs([tmp_path / "a", tmp_path / "b"], None, StabilityConfig())
+    assert success_panel(runs[:1])[0] == "eval/success_rate" and "held-out" in success_panel(runs[:1])[1]
+    assert success_panel(runs) == ("rollout/success_rate", "rollout success rate (no held-out evaluation logged)")
