@@ -6,7 +6,8 @@ script ``python algos/<script>.py --model-path <that BC folder> --seed S`` with 
 the run's final model play the same held-out task seeds with the run's own settings (env, turns, prompt, response
 budget, from its args.json), greedily, as eval.mini_arena evaluates; the paired gain is a Student-t 95 % interval
 over the per-room differences. Wall and CPU seconds are the run's process (children included). Finished runs and
-evaluations are kept under --out and reused (delete a folder to redo it), so the command resumes where it stopped.
+evaluations are kept under --out and reused (delete a folder to redo it), so the command resumes where it stopped;
+the table holds every finished run under --out.
 
     python benchmarks/bench_defaults.py                              # sft + 10 scripts x seeds 1-3 (hours)
     python benchmarks/bench_defaults.py --scripts grpo sampo --seeds 1
@@ -45,15 +46,17 @@ def cpu_model() -> str:
 
 
 def timed(cmd: list[str], log: Path) -> dict[str, float]:
-    """Run ``cmd`` (output to ``log``); its wall and CPU seconds (user + system of the finished child)."""
+    """Run ``cmd`` (output to ``log``); its wall and CPU seconds (user + system of the finished child) and the
+    machine's 1-minute load average at its start and end (wall time on a busy machine is not the run's own)."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    before, t0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
+    before, t0, load = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter(), os.getloadavg()[0]
     with log.open("w") as out:
         proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
     wall, after = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
         raise SystemExit(f"failed ({proc.returncode}): {shlex.join(cmd)}\n{log.read_text()[-2000:]}")
-    return {"wall_s": wall, "cpu_s": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)}
+    return {"wall_s": wall, "cpu_s": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
+            "load": [load, os.getloadavg()[0]]}
 
 
 def held_out_wins(model_dir: Path, run_args: dict, num_seeds: int) -> list[int]:
@@ -138,18 +141,23 @@ def table(rows: list[dict], cpu: str, threads: int) -> str:
         return f"{100 * x:.1f}"
 
     sft = [r for r in rows if r["script"] == "sft"]
-    lines = [f"CPU: {cpu}; torch threads per process: {threads or 'all cores'}; one process at a time.", ""]
-    lines += ["| seed | sft.py wall s | CPU s | validation success |", "|---|---|---|---|"]
-    lines += [f"| {r['seed']} | {r['wall_s']:.0f} | {r['cpu_s']:.0f} | {r['validation']:.2f} |" for r in sft]
+    def load(r: dict) -> str:
+        return "–" if "load" not in r else f"{r['load'][0]:.1f} / {r['load'][1]:.1f}"
+
+    lines = [f"CPU: {cpu}; torch threads per process: {threads or 'all cores'}; one process of this benchmark at a "
+             "time (load: the machine's 1-minute load average at the run's start / end).", ""]
+    lines += ["| seed | sft.py wall s | CPU s | load | validation success |", "|---|---|---|---|---|"]
+    lines += [f"| {r['seed']} | {r['wall_s']:.0f} | {r['cpu_s']:.0f} | {load(r)} | {r['validation']:.2f} |"
+              for r in sft]
     lines += ["", "| script | seed | iterations | start % | final % | paired gain (points, 95 %) | rooms | wall s "
-              "| CPU s |", "|---|---|---|---|---|---|---|---|---|"]
+              "| CPU s | load |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in sorted((r for r in rows if r["script"] != "sft"), key=lambda r: (SCRIPTS.index(r["script"])
                                                                                if r["script"] in SCRIPTS else 99,
                                                                                r["seed"])):
         g = r["gain"]
         lines.append(f"| {r['script']} | {r['seed']} | {r['iterations']} | {pct(r['start'])} | {pct(r['final'])} "
                      f"| {100 * g['mean']:+.1f} [{100 * g['low']:+.1f}, {100 * g['high']:+.1f}] | {r['rooms']} "
-                     f"| {r['wall_s']:.0f} | {r['cpu_s']:.0f} |")
+                     f"| {r['wall_s']:.0f} | {r['cpu_s']:.0f} | {load(r)} |")
     return "\n".join(lines)
 
 
@@ -177,12 +185,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sft-args", default="", help="extra sft.py flags, one quoted string (a smoke run's)")
     parser.add_argument("--rl-args", default="", help="extra flags for every RL script, one quoted string")
     parser.add_argument("--table-only", action="store_true",
-                        help="train nothing: tabulate the finished runs (evaluating any not yet evaluated)")
+                        help="train nothing: only the table of the finished runs (evaluating any not yet evaluated)")
     args = parser.parse_args(argv)
     if args.eval_seeds < 1 or args.torch_threads < 0:
         parser.error("--eval-seeds must be >= 1 and --torch-threads >= 0")
     args.sft_args, args.rl_args = shlex.split(args.sft_args), shlex.split(args.rl_args)
-    rows = [row for seed in args.seeds for row in bench_seed(args, seed)]
+    if not args.table_only:
+        for seed in args.seeds:
+            bench_seed(args, seed)
+    # the table holds every finished run under --out (a partial call must not drop the others' rows)
+    seeds = sorted(int(p.name[4:]) for p in args.out.glob("seed*") if p.name[4:].isdigit())
+    every = argparse.Namespace(**{**vars(args), "table_only": True, "scripts": list(SCRIPTS)})
+    rows = [row for seed in seeds for row in bench_seed(every, seed)]
     text = table(rows, cpu_model(), args.torch_threads)
     write_doc(args.doc, text)
     (args.out / "results.json").write_text(json.dumps(rows, indent=1))
