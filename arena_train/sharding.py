@@ -17,7 +17,9 @@ its adapters disabled (``AdapterDisabled``). ``algos/configs/`` holds the Accele
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import re
 import time
 from pathlib import Path
 from typing import Literal
@@ -31,9 +33,25 @@ Sharding = Literal["none", "fsdp2", "zero3"]
 CONFIGS_HINT = "use algos/configs/fsdp2.yaml (FSDP2) or algos/configs/zero3.yaml (DeepSpeed ZeRO-3)"
 
 
+class TiedOutputNote(logging.Filter):
+    """Drops Accelerate's "Removed shared tensor {'lm_head.weight'} while saving. This should be OK, but check ..."
+    printed at every checkpoint of a model whose output layer is its input embedding (``tie_word_embeddings``:
+    Qwen3 0.6B-4B, the tiny models). The checkpoint stores that tensor once and loading ties it again, which a
+    resumed run's bit-for-bit equality with the straight run proves (tests/test_resume_recipe.py); a shared tensor
+    under any other name is still reported."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()  # Accelerate may prefix it with "[RANK 0] "
+        if "Removed shared tensor" not in message:
+            return True
+        names = re.findall(r"'([^']+)'", message.split("Removed shared tensor", 1)[1].split(" while saving", 1)[0])
+        return not names or not all(n == "lm_head.weight" or n.endswith(".lm_head.weight") for n in names)
+
+
 def make_accelerator(mixed_precision: str):
     """``Accelerator`` for the scripts. On GPUs the launcher's config decides. On a machine without GPUs a
-    launch that asks for FSDP (``algos/configs/fsdp2.yaml``) or DeepSpeed (``zero3.yaml``) gets it over gloo.
+    launch that asks for FSDP (``algos/configs/fsdp2.yaml``) or DeepSpeed (``zero3.yaml``) gets it over gloo;
+    the tied output layer's save message is silenced (``TiedOutputNote``).
 
     Why: Accelerate turns FSDP and DeepSpeed on for accelerator devices only and on CPU silently runs DDP
     instead; torch's FSDP2 and DeepSpeed's CPU accelerator run on CPU, so this is how the test suite checks
@@ -43,6 +61,9 @@ def make_accelerator(mixed_precision: str):
     from accelerate import Accelerator, DeepSpeedPlugin, FullyShardedDataParallelPlugin, PartialState
     from accelerate.utils import DistributedDataParallelKwargs, DistributedType
 
+    saving = logging.getLogger("accelerate.utils.other")  # where Accelerate's save_model reports shared tensors
+    if not any(isinstance(f, TiedOutputNote) for f in saving.filters):
+        saving.addFilter(TiedOutputNote())
     # DDP without a buffer broadcast at every forward: the models' buffers are constants (rotary frequencies), and
     # a forward-time collective would make every rank's forward count part of the protocol (a hang when they differ)
     accelerator = Accelerator(cpu=not torch.cuda.is_available(), mixed_precision=mixed_precision,

@@ -237,3 +237,28 @@ def test_two_process_failed_write_is_reported_once_by_the_main_process(tmp_path)
     assert "a failed write on another process" in output and "previous checkpoint (iteration 1) is intact" in output
     assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["iter_000001", "latest.json"]
     assert verify_checkpoint(tmp_path / "run" / "checkpoints" / "iter_000001") == 1
+
+
+def test_the_tied_output_layer_saves_without_a_warning(tiny_model, tmp_path, caplog):
+    """Accelerate reports the tied lm_head.weight at every save ("This should be OK, but check ..."); the scripts'
+    accelerator drops that line, and only that one (the resumed weights are checked equal above)."""
+    import logging
+
+    from arena_train.sharding import TiedOutputNote, make_accelerator
+
+    accelerator = make_accelerator("no")
+    model, _ = load_model_and_tokenizer(tiny_model, torch.float32)
+    assert model.config.tie_word_embeddings
+    model = accelerator.prepare(model)
+    with caplog.at_level(logging.WARNING):
+        save_checkpoint(accelerator, tmp_path, 1)
+    assert (tmp_path / "checkpoints" / "iter_000001").is_dir() and "Removed shared tensor" not in caplog.text
+
+    def record(names: str) -> logging.LogRecord:
+        return logging.LogRecord("accelerate.utils.other", logging.WARNING, "", 0,
+                                 f"[RANK 0] Removed shared tensor {names} while saving. This should be OK", (), None)
+
+    note = TiedOutputNote()
+    assert not note.filter(record("{'lm_head.weight'}")) and not note.filter(record("{'module.lm_head.weight'}"))
+    assert note.filter(record("{'model.layers.0.mlp.up_proj.weight'}"))
+    assert note.filter(record("{'lm_head.weight', 'model.norm.weight'}"))
