@@ -133,14 +133,19 @@ def test_deaths_the_limits_explain_are_not_retried(box):
 
 
 def test_a_verify_child_killed_from_outside_is_retried():
+    """The check killed from outside runs again (a check that uses its whole budget, so the kill meets it
+    running); the verdict is the second run's (over its budget: not paid), never the kill's."""
     box = Sandbox(max_verify_servers=1)
     try:
         assert box.verify("\\boxed{1}", "\\boxed{1}")
         killed: list[int] = []
         killer = threading.Thread(target=_kill_first_child, args=(box, killed))
         killer.start()
-        ok = box.verify("\\boxed{x^{2}+2x+1}", "\\boxed{(x+1)^{2}}")
+        ok = box.verify("\\boxed{7}", "\\boxed{9^{9^{9}}}", timeout=1.0)
         killer.join()
-        assert ok and [e["attempt"] for e in list(box.ends)[-2:]] == [1, 2]
+        first, second = list(box.ends)[-2:]
+        assert killed and not ok
+        assert (first["attempt"], first["signal"], first["unexplained"]) == (1, signal.SIGKILL, True)
+        assert (second["attempt"], second["limit"]) == (2, "timeout")
     finally:
         box.close()
