@@ -4,6 +4,7 @@ library, and play exactly as TextWorld's stock ``PddlEnv`` (one translation and 
 from __future__ import annotations
 
 import random
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -23,8 +24,12 @@ def stock_engine(expert: bool):
     from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredInfos
     from textworld.envs.pddl import PddlEnv
 
+    class StockPddlEnv(PddlEnv):
+        def replan(self):  # what engine.planner_plan called on it
+            return self._pddl_state.replan(self._entity_infos)
+
     infos = textworld.EnvInfos(won=True, admissible_commands=True, facts=expert, extras=["gamefile"])
-    return AlfredInfos(AlfredDemangler(PddlEnv(infos), shuffle=False))
+    return AlfredInfos(AlfredDemangler(StockPddlEnv(infos), shuffle=False))
 
 
 @pytest.fixture(scope="module")
@@ -95,3 +100,19 @@ def test_one_library_per_worker_process_and_no_temporary_copy(cache):
         pool.step_many({i: "look" for i in range(6)})
         for w in range(2):
             assert libdownward_maps(pool.pid(w)) == {DOWNWARD_LIB_PATH}
+
+
+def test_envs_stepped_from_threads_play_as_when_stepped_in_turn(cache):
+    # an OpenEnv server steps its sessions in threads: the shared library is taken in turns (shared.LOCK)
+    def play(env, seed):
+        rng = random.Random(seed)
+        out = [env.reset(seed=seed)]
+        for _ in range(5):
+            out.append(env.step(rng.choice(env.admissible_actions())))
+        return out
+
+    seeds = [3, 1, 3]
+    envs = [ALFWorldEnv(split="valid_seen", cache_dir=cache, games_per_task=1) for _ in seeds]
+    expected = [play(env, seed) for env, seed in zip(envs, seeds)]
+    with ThreadPoolExecutor(len(envs)) as pool:
+        assert list(pool.map(play, envs, seeds)) == expected

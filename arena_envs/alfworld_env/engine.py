@@ -77,5 +77,4 @@ class ExpertTracker:
 def planner_plan(engine) -> list[str]:
     """ALFWorld's planner expert (fast-downward) from the current state: the same call
     ``PddlEnv`` makes for ``policy_commands``, but only when asked instead of every step."""
-    pddl = engine.unwrapped
-    return pddl._pddl_state.replan(pddl._entity_infos)
+    return engine.unwrapped.replan()

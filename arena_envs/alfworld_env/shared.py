@@ -11,8 +11,9 @@ Here the parse and translation are done once per game and process (:func:`load_g
 Each episode sees the library through an :class:`_EpisodeLib`: it remembers the episode's own state id and the
 operators it applied, and before any call puts the library back into that state (``set_state_id`` while the
 library still holds the episode's game; after another game was loaded, reload the game and replay the episode's
-operators, which gives the same state: the task and the successor function are deterministic). A process steps
-its envs one after the other, so one library serves them all.
+operators, which gives the same state: the task and the successor function are deterministic). Envs of one
+process take turns on the library under :data:`LOCK` (an OpenEnv server steps its sessions in threads): a
+``load``, ``reset``, ``step`` or ``replan`` holds it from its first library call to its last.
 
 Observations, rewards, admissible commands and plans are those of the stock ``PddlEnv``, bit for bit
 (tests/test_alfworld_shared.py plays interleaved episodes on both).
@@ -23,6 +24,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import threading
 from collections import Counter, OrderedDict, defaultdict
 from dataclasses import dataclass
 from typing import Any
@@ -68,6 +70,8 @@ class Game:
 
 
 _GAMES: OrderedDict[tuple, Game] = OrderedDict()
+#: Held by every env operation that touches the shared library or the game cache.
+LOCK = threading.RLock()
 
 
 def load_game(path: str) -> Game:
@@ -208,26 +212,37 @@ class SharedPddlEnv(PddlEnv):
         self.downward_lib = None
 
     def load(self, filename: str) -> None:
-        self._game = load_game(filename)
-        self._game_file = filename
-        self._game_data = self._game.data
-        self.walkthrough = self._game_data.get("walkthrough", None)
-        self._logic = self._game.logic
-        self._pddl_state = SharedPddlState(self._game)
-        self._entity_infos = self._get_entity_infos()  # per env: ALFWorld's demangler renames them in place
+        with LOCK:
+            self._game = load_game(filename)
+            self._game_file = filename
+            self._game_data = self._game.data
+            self.walkthrough = self._game_data.get("walkthrough", None)
+            self._logic = self._game.logic
+            self._pddl_state = SharedPddlState(self._game)
+            self._entity_infos = self._get_entity_infos()  # per env: ALFWorld's demangler renames them in place
 
     def reset(self):
         """``PddlEnv.reset`` with the episode's state built from the shared game."""
-        self._pddl_state = SharedPddlState(self._game)
-        self.prev_state = None
-        self.state = GameState()
-        self._last_action = None
-        self._moves = 0
-        context = {"state": self._pddl_state, "facts": list(self._pddl_state.facts), "variables": {},
-                   "mapping": {}, "entity_infos": self._entity_infos}
-        self.state.feedback = self._logic.grammar.derive("#intro#", context)
-        self.state.raw = self.state.feedback
-        self._gather_infos()
-        if "walkthrough" in self.request_infos.extras:
-            self.state["extra.walkthrough"] = self.walkthrough or self._pddl_state.replan(self._entity_infos)
-        return self.state
+        with LOCK:
+            self._pddl_state = SharedPddlState(self._game)
+            self.prev_state = None
+            self.state = GameState()
+            self._last_action = None
+            self._moves = 0
+            context = {"state": self._pddl_state, "facts": list(self._pddl_state.facts), "variables": {},
+                       "mapping": {}, "entity_infos": self._entity_infos}
+            self.state.feedback = self._logic.grammar.derive("#intro#", context)
+            self.state.raw = self.state.feedback
+            self._gather_infos()
+            if "walkthrough" in self.request_infos.extras:
+                self.state["extra.walkthrough"] = self.walkthrough or self._pddl_state.replan(self._entity_infos)
+            return self.state
+
+    def step(self, command: str):
+        with LOCK:
+            return super().step(command)
+
+    def replan(self) -> list[str]:
+        """The planner's commands from the current state (what ``PddlEnv`` computes for ``policy_commands``)."""
+        with LOCK:
+            return self._pddl_state.replan(self._entity_infos)
