@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import itertools
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -24,6 +25,33 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "repro"))
 
 ALGOS = Path(__file__).resolve().parents[1] / "algos"
 ACCELERATE = Path(sys.executable).parent / "accelerate"
+START = re.compile(r"^\s*# ALGO LOGIC:")
+END = re.compile(r"^\s*# END ALGO LOGIC\s*$")
+
+
+def split_blocks(text: str) -> tuple[list[str], list[str]]:
+    """-> (the n+1 stretches of text outside the blocks, the n block bodies); marker lines belong to neither."""
+    outside, blocks, current, inside = [], [], [], False
+    for number, line in enumerate(text.splitlines(keepends=True), start=1):
+        if START.match(line):
+            assert not inside, f"line {number}: ALGO LOGIC block opened inside another"
+            outside.append("".join(current))
+            current, inside = [], True
+        elif END.match(line):
+            assert inside, f"line {number}: END ALGO LOGIC without an open block"
+            blocks.append("".join(current))
+            current, inside = [], False
+        else:
+            current.append(line)
+    assert not inside, "unterminated ALGO LOGIC block"
+    outside.append("".join(current))
+    return outside, blocks
+
+
+def method_scripts() -> list[str]:
+    """Every algos/*.py with ALGO LOGIC blocks (grpo.py and its copies, forks included), sorted: the tests that
+    check a script take them from here, so a new copy is checked with no edit to them."""
+    return sorted(p.stem for p in ALGOS.glob("*.py") if "# ALGO LOGIC:" in p.read_text())
 
 
 def load_script(name: str):

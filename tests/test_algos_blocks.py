@@ -8,42 +8,20 @@ from __future__ import annotations
 
 import ast
 import difflib
-import re
 from pathlib import Path
 
 import pytest
-from conftest import ALGOS, load_script
+from conftest import ALGOS, START, load_script, method_scripts, split_blocks
 
 from arena_train.cli import flat_args
 
 ROOT = ALGOS.parent
 METHODS = ["gspo", "sapo", "cispo", "gigpo", "empg", "dapo", "sampo", "rloo", "ppo"]
-START = re.compile(r"^\s*# ALGO LOGIC:")
-END = re.compile(r"^\s*# END ALGO LOGIC\s*$")
-
-
-def split_blocks(text: str) -> tuple[list[str], list[str]]:
-    """-> (the n+1 stretches of text outside the blocks, the n block bodies); marker lines belong to neither."""
-    outside, blocks, current, inside = [], [], [], False
-    for number, line in enumerate(text.splitlines(keepends=True), start=1):
-        if START.match(line):
-            assert not inside, f"line {number}: ALGO LOGIC block opened inside another"
-            outside.append("".join(current))
-            current, inside = [], True
-        elif END.match(line):
-            assert inside, f"line {number}: END ALGO LOGIC without an open block"
-            blocks.append("".join(current))
-            current, inside = [], False
-        else:
-            current.append(line)
-    assert not inside, "unterminated ALGO LOGIC block"
-    outside.append("".join(current))
-    return outside, blocks
 
 
 def scripts_with_blocks() -> list[str]:
     """Every algos/*.py with ALGO LOGIC blocks except grpo.py, so that new copies are checked as well."""
-    return sorted(p.stem for p in ALGOS.glob("*.py") if p.name != "grpo.py" and "# ALGO LOGIC:" in p.read_text())
+    return [name for name in method_scripts() if name != "grpo"]
 
 
 GRPO_OUTSIDE, GRPO_BLOCKS = split_blocks((ALGOS / "grpo.py").read_text())
@@ -67,7 +45,7 @@ def test_copy_equals_grpo_outside_blocks(name):
             pytest.fail(f"{name}.py differs from grpo.py outside the ALGO LOGIC blocks ({where}):\n{diff[:4000]}")
 
 
-@pytest.mark.parametrize("name", ["grpo", *METHODS])
+@pytest.mark.parametrize("name", ["grpo", *sorted(set(METHODS) | set(scripts_with_blocks()))])
 def test_block_one_is_the_module_docstring(name):
     text = (ALGOS / f"{name}.py").read_text()
     assert START.match(text.splitlines()[0]), "the first line must open the docstring block"
@@ -83,7 +61,7 @@ def test_split_blocks_rejects_malformed_markers():
             split_blocks(bad)
 
 
-@pytest.mark.parametrize("name", ["grpo", *METHODS])
+@pytest.mark.parametrize("name", ["grpo", *sorted(set(METHODS) | set(scripts_with_blocks()))])
 def test_script_imports_as_a_module_with_its_own_args(name):
     module = load_script(name)
     args = module.Args()
@@ -133,7 +111,7 @@ def test_no_script_imports_and_no_path_hacks(path):
         assert not any(u.endswith("spec_from_file_location") for u in uses)
 
 
-@pytest.mark.parametrize("name", ["grpo", *METHODS, "sft"])
+@pytest.mark.parametrize("name", [*sorted({"grpo", *METHODS, *scripts_with_blocks()}), "sft"])
 def test_scripts_import_only_the_shared_module_and_the_envs(name):
     project = {p.name for p in ROOT.iterdir() if (p / "__init__.py").exists()} | {"algos"}
     assert imported_modules(ALGOS / f"{name}.py") & project <= {"arena_train", "wrappers", "arena_envs"}

@@ -1,6 +1,6 @@
 """Smoke runs of every method script on Sokoban with a tiny model (subprocesses, CPU): 2 iterations each,
-every method with its own options switched on; the scripts with process-crossing statistics also under
-``accelerate launch`` with two processes."""
+every method with its own options switched on, and every other copy of grpo.py under algos/ (a fork) with its
+defaults; the scripts with process-crossing statistics also under ``accelerate launch`` with two processes."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import needs_accelerate, two_process_launch
+from conftest import method_scripts, needs_accelerate, two_process_launch
 
 from arena_models import build_tiny_model
 
@@ -37,6 +37,8 @@ CASES = {
     "ppo": (["--kl-in-reward", "--gamma", "0.99", "--lam", "0.95"],
             ["actor/value_loss", "actor/value_clipfrac", "actor/critic_grad_norm"]),
 }
+#: grpo.py has its own smoke tests (tests/test_grpo_smoke.py); a fork not in CASES runs with its defaults.
+SCRIPTS = sorted(set(CASES) | set(method_scripts()) - {"grpo"})
 COMMON_KEYS = ["rollout/success_rate", "rollout/valid_format_ratio", "rollout/num_rows", "actor/pg_loss",
                "actor/clipfrac_upper", "actor/clipfrac_lower", "actor/approx_kl", "actor/kl_ref", "actor/entropy",
                "actor/grad_norm", "actor/skipped_updates"]
@@ -57,9 +59,9 @@ def read_metrics(run_dir: Path) -> list[dict]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("name", SCRIPTS)
 def test_script_runs_two_iterations(name, tiny, tmp_path):
-    options, keys = CASES[name]
+    options, keys = CASES.get(name, ([], []))
     cmd = [sys.executable, str(ROOT / "algos" / f"{name}.py"), "--model-path", tiny, "--output-dir", str(tmp_path),
            "--run-name", "r", *SMALL, *options]
     proc = subprocess.run(cmd, env=env(), capture_output=True, text=True, timeout=300)

@@ -4,7 +4,11 @@ them (blocks rule, flags, a 2-iteration smoke run and the reference-gradient che
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import subprocess
+import sys
 from dataclasses import fields
 from pathlib import Path
 
@@ -35,3 +39,38 @@ def test_every_row_dot_field_in_the_docs_exists():
     for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
         missing = {name for name in re.findall(r"\bRow\.(\w+)", path.read_text()) if name not in ROW_FIELDS}
         assert not missing, f"{path.name} names Row.{sorted(missing)}, not fields of arena_train.rows.Row"
+
+
+def recipe() -> list[str]:
+    """The commands of the README's "Forking a script" code block, comments dropped."""
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## Forking a script"):]
+    block = section[section.index("```bash\n") + len("```bash\n"):section.index("```\n", section.index("```bash"))]
+    return [line.split("  #")[0].strip() for line in block.splitlines() if line.strip()]
+
+
+def test_a_copy_of_grpo_made_by_the_readme_recipe_is_adopted_by_the_tests(tmp_path):
+    """The README's recipe in a copy of the repository's scripts and tests: its fast checks pass with the fork in
+    place (blocks rule, flags), and its slow ones are collected for the fork with no test edited."""
+    repo = tmp_path / "repo"
+    skip = shutil.ignore_patterns("__pycache__", ".pytest_cache")
+    shutil.copytree(ROOT / "algos", repo / "algos", ignore=skip)
+    shutil.copytree(ROOT / "tests", repo / "tests", ignore=skip)
+    shutil.copy(ROOT / "pyproject.toml", repo)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    env.update(HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", CUDA_VISIBLE_DEVICES="")
+    commands = recipe()
+    assert commands[0] == "cp algos/grpo.py algos/mymethod.py" and sum("pytest" in c for c in commands) == 2
+    collected = ""
+    for command in commands:
+        if command.startswith("python -m pytest"):
+            command = command.replace("python", f"{sys.executable}", 1) + " -p no:cacheprovider"
+            if " -k " in command:  # the slow checks: collected, not run
+                command += " --collect-only"
+        proc = subprocess.run(command, shell=True, cwd=repo, env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, f"{command}\n{proc.stdout[-3000:]}\n{proc.stderr[-2000:]}"
+        collected = proc.stdout
+    assert "algos/mymethod.py" in (repo / "algos" / "mymethod.py").read_text()
+    for test in ("test_algos_smoke.py::test_script_runs_two_iterations[mymethod]",
+                 "test_reference_update.py::test_a_fork_matches_its_familys_reference[mymethod]"):
+        assert test in collected, collected[-2000:]

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import load_script, needs_accelerate, two_process_launch
+from conftest import load_script, method_scripts, needs_accelerate, split_blocks, two_process_launch
 from naive_update import reference_grads
 
 from arena_models import build_tiny_model
@@ -82,11 +82,13 @@ def relative_error(got: list[torch.Tensor], want: list[torch.Tensor]) -> float:
     return float((got - want).norm() / want.norm())
 
 
-def check(method: str, tiny: str, tmp_path: Path, flags: list[str], processes: int = 1) -> None:
+def check(method: str, tiny: str, tmp_path: Path, flags: list[str], processes: int = 1,
+          reference: str | None = None) -> None:
+    """``method``'s recorded update against the naive one of ``reference`` (default: the method itself)."""
     recorded = record(method, tiny, tmp_path, flags, processes)
     steps = optimizer_steps(recorded)
     got = recorded[0]["grads"]
-    want = reference_grads(method, args_dict(method, flags), steps, tiny, applied=got)
+    want = reference_grads(reference or method, args_dict(method, flags), steps, tiny, applied=got)
     assert len(got) == len(want) == len(steps)
     for rec in recorded[1:]:  # every process stepped with the same (all-reduced) gradient
         assert all(relative_error(a, b) < 1e-7 for a, b in zip(rec["grads"], got))
@@ -145,6 +147,28 @@ def test_every_method_matches_its_reference(method, tiny, tmp_path):
     check(method, tiny, tmp_path, [*METHODS[method], "--micro-batch-size", "3", *MULTI])
 
 
+#: The blocks that make a script's update: advantage estimator, policy loss, extra models, collection, scores and
+#: advantages, the loss's normaliser, the micro-batch's loss (not the docstring, Args fields or extra metrics).
+MATH_BLOCKS = slice(2, 9)
+FORKS = [name for name in method_scripts() if name not in ("grpo", *METHODS)]
+
+
+def family(name: str) -> str | None:
+    """The known method whose update blocks are ``name``'s, character for character (None: its math is new, and
+    the naive reference cannot know it)."""
+    mine = split_blocks((ROOT / "algos" / f"{name}.py").read_text())[1][MATH_BLOCKS]
+    return next((m for m in ("grpo", *METHODS)
+                 if split_blocks((ROOT / "algos" / f"{m}.py").read_text())[1][MATH_BLOCKS] == mine), None)
+
+
+@pytest.mark.parametrize("name", FORKS)
+def test_a_fork_matches_its_familys_reference(name, tiny, tmp_path):
+    """A copy of a script under a new name whose update blocks are a known method's: that method's reference."""
+    if (known := family(name)) is None:
+        pytest.skip(f"{name}.py has update blocks of its own: no naive reference of them to check against")
+    check(name, tiny, tmp_path, [*METHODS.get(known, []), "--micro-batch-size", "3", *MULTI], reference=known)
+
+
 @pytest.mark.slow
 @needs_accelerate
 @pytest.mark.parametrize("method,flags", [
@@ -157,3 +181,13 @@ def test_every_method_matches_its_reference(method, tiny, tmp_path):
 ], ids=["grpo", "grpo-st-sm", "sampo", "empg", "ppo"])
 def test_two_processes_with_unequal_rows(method, flags, tiny, tmp_path):
     check(method, tiny, tmp_path, [*flags, *MULTI], processes=2)
+
+
+@pytest.mark.slow
+@needs_accelerate
+@pytest.mark.parametrize("name", FORKS)
+def test_a_fork_matches_its_familys_reference_on_two_processes(name, tiny, tmp_path):
+    if (known := family(name)) is None:
+        pytest.skip(f"{name}.py has update blocks of its own: no naive reference of them to check against")
+    check(name, tiny, tmp_path, [*METHODS.get(known, []), "--micro-batch-size", "2", *MULTI], processes=2,
+          reference=known)

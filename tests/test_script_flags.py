@@ -22,13 +22,11 @@ from pathlib import Path
 
 import pytest
 import tyro
-from conftest import ALGOS, load_script
+from conftest import ALGOS, END, START, load_script
 
 RECORD = Path(__file__).resolve().parent / "data" / "script_flags.json"
 SCRIPTS = sorted(p.stem for p in ALGOS.glob("*.py") if p.stem != "sft")
 RECORDED = sorted(json.loads(RECORD.read_text()))
-START = re.compile(r"^\s*# ALGO LOGIC:")
-END = re.compile(r"^\s*# END ALGO LOGIC\s*$")
 #: A help entry's first line: its option strings, each with its metavar, separated by ", " (indented less than
 #: the description lines under it).
 ENTRY = re.compile(r"^(\W{0,2})(-{1,2}[A-Za-z].*)$")
