@@ -260,6 +260,7 @@ tr.ep{cursor:pointer} tr.ep:hover{background:#f4f8ff} tr.sel{background:#e8f0ff}
 .turn{border-left:3px solid #ccd;margin:8px 0;padding:4px 10px}
 .msg,.resp{white-space:pre-wrap;font-family:ui-monospace,monospace;font-size:12px;margin:2px 0;padding:4px}
 .msg{background:#f6f6f6} .resp{background:#eef6ee} .meta{color:#555;font-size:12px}
+#episode{max-height:520px;overflow:auto;border:1px solid #eee;padding:0 6px}
 #group{display:flex;gap:8px;overflow-x:auto} .col{min-width:220px;max-width:320px;border:1px solid #ddd;padding:6px}
 .col .resp{font-size:11px} .col.sel{border-color:#68c}
 </style></head><body>
