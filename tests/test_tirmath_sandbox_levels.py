@@ -18,12 +18,14 @@ from arena_envs.tirmath import Problem, TIRMathEnv
 from arena_envs.tirmath.sandbox import Sandbox, SandboxError
 
 LEVELS = ("namespace", "landlock")
+MAX_FILES = 200  # entries per call (small: file creation takes milliseconds on a loaded disk)
 
 
 @pytest.fixture(scope="module", params=LEVELS)
 def box(request):
     """A raw sandbox (audit hook off: only the kernel layers count) at each level; plain Python, no preload."""
-    sandbox = Sandbox(timeout=3.0, memory_mb=512, audit_hook=False, max_boundary=request.param, preload=False)
+    sandbox = Sandbox(timeout=3.0, memory_mb=512, audit_hook=False, max_boundary=request.param, preload=False,
+                      max_files=MAX_FILES)
     if sandbox.boundary != request.param:
         sandbox.close()
         pytest.skip(f"{request.param} level unavailable here: {sandbox.layers['fallback']}")
@@ -64,6 +66,38 @@ def test_lazy_imports_still_read_the_installation(box):
     """File access as the installation's owner (fallback level, root's 0700 home) keeps imports working."""
     result = box.run("import email.mime.text, fractions, sympy\nprint(sympy.sqrt(8))")
     assert result.status == "ok" and result.stdout == "2*sqrt(2)\n", result.stderr[-300:]
+
+
+FILL = """import os
+buf = b"x" * (4 << 20)
+for i in range(1000):
+    fd = os.open(f"f{i}", os.O_WRONLY | os.O_CREAT)
+    os.write(fd, buf)
+    os.close(fd)
+    os.write(1, b"%d\\n" % (i + 1))"""
+ENTRIES = """import os
+for i in range(5000):
+    os.mkdir(f"d{i}") if i % 2 else os.close(os.open(f"e{i}", os.O_WRONLY | os.O_CREAT))
+    os.write(1, b"%d\\n" % (i + 1))"""
+
+
+def test_each_call_has_a_disk_budget(box):
+    """64 MiB per call at every level: the tmpfs at the namespace level, the zygote's accounting (every 10 ms)
+    at the fallback level. Before: only the 4 MiB per-file limit held there (1.6 GiB in 2.8 s)."""
+    result = box.run(FILL)
+    written_mib = 4 * int((result.stdout.split() or ["0"])[-1])
+    assert result.status == "error" and "No space left on device" in result.last_error_line, result.stderr[-200:]
+    assert 56 <= written_mib <= 64 + 64, written_mib  # the budget, and at most a poll's worth of writes past it
+    assert box.run("import os\nprint(os.listdir('.'))").stdout == "[]\n"  # the next call starts empty
+
+
+def test_each_call_has_an_inode_budget(box):
+    """``max_files`` entries per call (files, directories, links) at every level. Before: 30,000 files in 1.1 s
+    at the fallback level."""
+    result = box.run(ENTRIES)
+    made = int((result.stdout.split() or ["0"])[-1])
+    assert result.status == "error" and "No space left on device" in result.last_error_line, result.stderr[-200:]
+    assert MAX_FILES // 2 <= made <= 2 * MAX_FILES, made
 
 
 def _children(pid: int) -> list[int]:

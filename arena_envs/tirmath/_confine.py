@@ -148,10 +148,10 @@ def _populate_and_pivot(stage: str, dirs: list[str], files: list[str], devices: 
     os.chdir("/")
 
 
-def mount_workdir(path: str, size: int, uid: int) -> None:
+def mount_workdir(path: str, size: int, inodes: int, uid: int) -> None:
     """A fresh tmpfs owned by ``uid`` (mode 0700): the run's private working directory."""
     _mount("tirsb-work", path, "tmpfs", MS_NOSUID | MS_NODEV,
-           f"mode=0700,uid={uid},gid={uid},size={size},nr_inodes=65536")
+           f"mode=0700,uid={uid},gid={uid},size={size},nr_inodes={inodes}")
 
 
 def discard_workdir(path: str) -> None:

@@ -359,7 +359,8 @@ def _unlink_quietly(name: str, dir_fd: int) -> None:
 
 def _new_workdir(plan: Plan, req: dict) -> str:
     if plan.level == "namespace":
-        confine.mount_workdir(JAIL_WORKDIR, max(64 << 20, 4 * int(req["fsize"])), plan.uid or 0)
+        confine.mount_workdir(JAIL_WORKDIR, zygote.disk_budget(int(req["fsize"])), int(req["max_files"]) + 1,
+                              plan.uid or 0)
         return JAIL_WORKDIR
     workdir = tempfile.mkdtemp(prefix="tirsb-", dir=plan.workdir_base)
     if plan.uid is not None and plan.fs_uid is None:
@@ -401,7 +402,7 @@ def _scrub_host_names() -> None:
 
 # --- running one request ------------------------------------------------------------
 #: request fields the zygote gets (limits); everything else (code, nonce) goes to the child's pipe
-_HEADER_KEYS = ("op", "timeout", "mem_mb", "fsize", "audit", "private_bytes", "report")
+_HEADER_KEYS = ("op", "timeout", "mem_mb", "fsize", "max_files", "audit", "private_bytes", "report")
 
 
 class ZygoteLost(RuntimeError):
@@ -483,7 +484,12 @@ def _supervise(req: dict, plan: Plan, workdir: str, ctl: socket.socket, client_f
     sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
     if reason is None and sig == signal.SIGXCPU:
         reason = "cpu_timeout"
-    reply = {"stdout": output.text(ends[0]), "stderr": output.text(ends[1]),
+    stderr = output.text(ends[1])
+    if reason is None and done.get("limit") == "disk":
+        reason = "disk"
+        stderr += (f"\nOSError: [Errno 28] No space left on device (the call's disk budget: "
+                   f"{zygote.disk_budget(int(req['fsize'])) >> 20} MiB, {req['max_files']} files)\n")
+    reply = {"stdout": output.text(ends[0]), "stderr": stderr,
              "exit_code": os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
              "signal": sig, "limit": reason, "output_bytes": output.total, "elapsed": elapsed,
              "rusage": done.get("rusage"), "level": plan.level}

@@ -41,6 +41,9 @@ _WRITE_EVENTS = ("os.remove", "os.rmdir", "os.mkdir", "os.chmod", "os.chown", "o
                  "shutil.rmtree", "shutil.chown", "os.chdir")
 #: control message with the pipe ends of one call: limits only, never code or answers
 MAX_HEADER = 4096
+#: fallback levels (no per-call tmpfs): how often (seconds) the zygote counts the entries of a call's working
+#: directory and their blocks against the call's budget (the namespace level's tmpfs size and inode count)
+DISK_POLL = 0.01
 
 
 # --- the zygote ---------------------------------------------------------------------
@@ -72,8 +75,10 @@ def serve(ctl: socket.socket, plan, confine) -> None:
             finally:
                 os._exit(1)  # never return into the zygote's loop
         _close_all(fds)
-        status, usage = _await(ctl, pid, plan)
-        ctl.send(json.dumps({"status": status, "rusage": usage}).encode())
+        budget = None if plan.level == "namespace" else (header["workdir"], disk_budget(int(header["fsize"])),
+                                                          int(header["max_files"]))
+        status, usage, limit = _await(ctl, pid, plan, budget)
+        ctl.send(json.dumps({"status": status, "rusage": usage, "limit": limit}).encode())
 
 
 def _close_all(fds: list[int]) -> None:
@@ -81,18 +86,30 @@ def _close_all(fds: list[int]) -> None:
         os.close(fd)
 
 
-def _await(ctl: socket.socket, pid: int, plan) -> tuple[int, dict]:
+def disk_budget(fsize: int) -> int:
+    """Bytes a call may keep in its working directory: the size of the namespace level's per-call tmpfs."""
+    return max(64 << 20, 4 * fsize)
+
+
+def _await(ctl: socket.socket, pid: int, plan, budget: tuple[str, int, int] | None = None
+           ) -> tuple[int, dict, str | None]:
     """Wait for the child (or the server's ``kill``); afterwards nothing of the call is left running. Returns the
-    wait status and the child's resource usage (for the record of how each call ended)."""
+    wait status, the child's resource usage (for the record of how each call ended) and the limit the zygote
+    killed it at (``"disk"``: ``budget`` = (working directory, bytes, entries) exceeded; fallback levels only)."""
     pidfd = os.pidfd_open(pid)
+    limit = None
     try:
         while True:
-            ready = select.select([ctl, pidfd], [], [])[0]
+            ready = select.select([ctl, pidfd], [], [], None if budget is None or limit else DISK_POLL)[0]
             if pidfd in ready:
                 break
-            if not ctl.recv(MAX_HEADER):  # the server is gone: die with the whole namespace
-                os._exit(0)
-            _kill_call(pid, plan)
+            if ctl in ready:
+                if not ctl.recv(MAX_HEADER):  # the server is gone: die with the whole namespace
+                    os._exit(0)
+                _kill_call(pid, plan)
+            elif _over_budget(*budget):
+                limit = "disk"
+                _kill_call(pid, plan)
     finally:
         os.close(pidfd)
     _pid, status, ru = os.wait4(pid, 0)
@@ -105,7 +122,40 @@ def _await(ctl: socket.socket, pid: int, plan) -> tuple[int, dict]:
                 os.waitpid(-1, 0)
             except ChildProcessError:
                 break
-    return status, usage
+    return status, usage, limit
+
+
+def _over_budget(workdir: str, max_bytes: int, max_files: int) -> bool:
+    """Whether the tree under ``workdir`` holds more than ``max_files`` entries or ``max_bytes`` of blocks; it
+    stops counting as soon as it does, so a check costs at most ``max_files`` ``lstat`` calls. It descends through
+    directory descriptors opened with ``O_NOFOLLOW`` (never a link, any depth: one descriptor per level in
+    flight), so the program cannot point it elsewhere."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        todo = [os.open(workdir, flags)]
+    except OSError:
+        return False
+    files = used = 0
+    try:
+        while todo:
+            fd = todo.pop()
+            try:
+                with os.scandir(fd) as entries:
+                    for entry in entries:
+                        files += 1
+                        used += entry.stat(follow_symlinks=False).st_blocks * 512
+                        if files > max_files or used > max_bytes:
+                            return True
+                        if entry.is_dir(follow_symlinks=False):
+                            todo.append(os.open(entry.name, flags, dir_fd=fd))
+            except OSError:  # a name removed or replaced meanwhile: counted at the next check
+                pass
+            finally:
+                os.close(fd)
+    finally:
+        for fd in todo:
+            os.close(fd)
+    return False
 
 
 def _kill_call(pid: int, plan) -> None:

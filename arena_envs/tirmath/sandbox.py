@@ -133,6 +133,8 @@ def _classify(reply: dict) -> str:
         return "output_limit"
     if limit == "internal":
         return "sandbox_error"
+    if limit == "disk":  # the fallback levels' disk budget: what a full tmpfs is at the namespace level
+        return "error"
     last = [ln for ln in reply["stderr"].splitlines() if ln.strip()][-1:] or [""]
     if last[0].lstrip().startswith("MemoryError"):
         return "memory"
@@ -150,6 +152,8 @@ class Sandbox:
         max_output: bytes of stdout/stderr kept (each); the rest is discarded.
         kill_output: total output bytes after which the child is killed (``output_limit``).
         file_size: largest file the child may write in its working directory (RLIMIT_FSIZE).
+        max_files: entries (files, directories, links) the working directory may hold; with its size (64 MiB or
+            4 x ``file_size``) the call's disk budget at every level (docs/sandbox.md).
         margin: extra seconds the client waits for a reply beyond ``timeout``.
         audit_hook: install the Python-level audit hook in children (it only names violations in
             the output). ``False`` leaves only the kernel-enforced layers; it exists to test them.
@@ -164,7 +168,7 @@ class Sandbox:
     """
 
     def __init__(self, timeout: float = 3.0, memory_mb: int = 2048, max_output: int = 65536,
-                 kill_output: int = 1 << 20, file_size: int = 4 << 20, margin: float = 5.0,
+                 kill_output: int = 1 << 20, file_size: int = 4 << 20, max_files: int = 4096, margin: float = 5.0,
                  startup_timeout: float = 120.0, audit_hook: bool = True, max_boundary: str = "namespace",
                  preload: bool = True, close_timeout: float = 60.0, max_verify_servers: int = 4):
         if max_boundary not in BOUNDARIES:
@@ -172,6 +176,7 @@ class Sandbox:
         self.max_boundary = max_boundary
         self.timeout, self.memory_mb, self.margin = float(timeout), int(memory_mb), float(margin)
         self.max_output, self.kill_output, self.file_size = int(max_output), int(kill_output), int(file_size)
+        self.max_files = int(max_files)
         self.startup_timeout, self.audit_hook = float(startup_timeout), bool(audit_hook)
         self.preload, self.close_timeout = bool(preload), float(close_timeout)
         self.max_verify_servers = max(1, int(max_verify_servers))
@@ -380,7 +385,8 @@ class Sandbox:
         timeout = self.timeout if timeout is None else float(timeout)
         req = {"op": "run", "code": code, "timeout": timeout, "audit": self.audit_hook,
                "mem_mb": self.memory_mb if memory_mb is None else int(memory_mb),
-               "max_output": self.max_output, "kill_output": self.kill_output, "fsize": self.file_size}
+               "max_output": self.max_output, "kill_output": self.kill_output, "fsize": self.file_size,
+               "max_files": self.max_files}
         if report > 0:
             req["report"] = int(report)
         start = time.monotonic()
@@ -412,7 +418,7 @@ class Sandbox:
             return False  # far beyond any answer; keeps the message within one pipe buffer
         nonce = os.urandom(8).hex()
         req = {"op": "verify", "nonce": nonce, "timeout": float(timeout),
-               "mem_mb": int(memory_mb), "max_output": 256, "kill_output": 1 << 16, "fsize": 0}
+               "mem_mb": int(memory_mb), "max_output": 256, "kill_output": 1 << 16, "fsize": 0, "max_files": 16}
         for attempt in (1, 2):
             reply = self._verify_request(req, timeout + self.margin, private)
             if not self._record("verify", attempt, reply, timeout):
