@@ -56,7 +56,7 @@ def test_the_child_never_runs_as_uid_0(box):
 
 
 def test_no_threads_or_processes_at_any_level(box):
-    """Before: 117 threads at the fallback level in this test's 512 MB (2,000 with more memory: a few calls
+    """Before: threads at the fallback level (117 in a probe here, 2,000 in 1.5 s in the review: a few calls
     could take the host's 32,768 pids)."""
     assert box.run(THREADS).stdout == "0\n"
     assert box.run("import os\nos.fork()").last_error_line.startswith(("PermissionError", "BlockingIOError"))
