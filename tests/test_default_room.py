@@ -99,3 +99,11 @@ def test_grpo_st_update_differs_from_grpo(default_lengths, expert_lengths):
     assert cosine < 0.999  # not the same direction rescaled: a different update
     torch.testing.assert_close(*(policy_gradient(expert_lengths, mode)  # the control: equal lengths, equal updates
                                  for mode in ("token-mean", "seq-mean-token-mean")))
+
+
+@pytest.mark.parametrize(("flags", "message"), [({"teacher": "oracle"}, "--teacher 'oracle' is not one of"),
+                                                ({"think_horizon": -1}, "--think-horizon must be >= 0")])
+def test_sft_refuses_a_bad_teacher_flag_in_one_line(tmp_path, flags, message):
+    with pytest.raises(SystemExit) as exit_info:
+        SFT.main(SFT.Args(output_dir=str(tmp_path / "bc"), **flags))
+    assert message in str(exit_info.value) and "\n" not in str(exit_info.value)
