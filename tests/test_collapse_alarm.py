@@ -96,10 +96,12 @@ COLLAPSE = ["--num-groups", "4", "--group-size", "4", "--max-turns", "10", "--ma
 
 @pytest.fixture(scope="module")
 def bc_start(tmp_path_factory) -> str:
-    """A short behaviour cloning of the tiny model on Sokoban-Mini (algos/sft.py): valid format ~0.9."""
+    """A short behaviour cloning of the tiny model on Sokoban-Mini (algos/sft.py, the expert's 6-token responses,
+    which fit the 8 tokens of COLLAPSE): valid format ~0.9."""
     out = tmp_path_factory.mktemp("bc")
     cmd = [sys.executable, str(ROOT / "algos" / "sft.py"), "--output-dir", str(out / "bc"), "--num-steps", "150",
-           "--num-episodes", "300", "--eval-every", "150", "--eval-episodes", "20", "--max-response-tokens", "8"]
+           "--num-episodes", "300", "--eval-every", "150", "--eval-episodes", "20", "--max-response-tokens", "8",
+           "--teacher", "expert"]
     proc = subprocess.run(cmd, env={**env(), "ARENA_CACHE": str(out / "cache")}, capture_output=True, text=True,
                           timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]

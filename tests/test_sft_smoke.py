@@ -18,7 +18,7 @@ def test_sft_smoke_then_grpo_loads_the_checkpoint(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "ARENA_CACHE": str(tmp_path / "cache")}
     out = tmp_path / "bc"
     cmd = [sys.executable, str(ROOT / "algos" / "sft.py"), "--output-dir", str(out), "--num-episodes", "20",
-           "--num-steps", "2", "--batch-size", "8", "--warmup-steps", "1", "--eval-every", "1",
+           "--num-steps", "2", "--batch-size", "8", "--warmup-steps", "1", "--eval-every", "1", "--eval-start", "1",
            "--eval-episodes", "2", "--max-turns", "2", "--max-response-tokens", "8"]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
