@@ -12,6 +12,12 @@ itself. This module does the rest, identically for every method:
 - the non-finite check over all processes before a step (a bad batch is skipped, never stepped);
 - accounting for the iteration's metrics: loss terms as shares of their mini-batch's value, per-micro-batch
   statistics, counts, gradient norms, skipped steps, tokens and each env's importance ratios in a mixture.
+
+A method declares its own numbers in its blocks, without editing this module: a loss term or a count in the
+micro-batch's ``metrics`` as ``loss_term(value)`` / ``count(value)`` (the shared names in ``LOSS_METRICS`` and
+``COUNT_METRICS`` are so by default; any other key is a per-micro-batch statistic, averaged), and any other
+number of the iteration with ``update.statistic(key, value, reduce=...)``, reduced over the processes and logged
+under ``key``.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Iterator, Literal, Sequence
 
 import numpy as np
 import torch
@@ -35,6 +41,27 @@ from arena_train.sharding import micro_batch_sync
 COUNT_METRICS = ("masked_seqs",)
 #: Per-micro-batch metrics that are terms of the loss: each is the micro-batch's share of its mini-batch's value.
 LOSS_METRICS = ("pg_loss", "kl_ref", "entropy", "value_loss")
+
+
+@dataclass(frozen=True)
+class Declared:
+    """A micro-batch metric with its kind declared where the loss is built (``loss_term``, ``count``)."""
+
+    value: torch.Tensor | float
+    kind: Literal["loss_term", "count"]
+
+
+def loss_term(value: torch.Tensor | float) -> Declared:
+    """Mark a micro-batch metric as a term of the loss (aggregated with the mini-batch's ``counts``, so each
+    micro-batch's value is its share): logged as the mini-batch's value, the shares summed, averaged over the
+    iteration's mini-batches (as ``LOSS_METRICS``)."""
+    return Declared(value, "loss_term")
+
+
+def count(value: torch.Tensor | float) -> Declared:
+    """Mark a micro-batch metric as a count: summed over the iteration's micro-batches and processes (as
+    ``COUNT_METRICS``)."""
+    return Declared(value, "count")
 
 
 @dataclass
@@ -102,7 +129,12 @@ class MiniBatch:
             if u.env_ratios is not None:  # each env's importance ratios apart (env/<name>/*)
                 u.env_ratios.add(micro.rows, logp, micro.batch["old_logp"], micro.batch["mask"], *u.clip)
         for key, value in metrics.items():
-            if key in LOSS_METRICS:  # every process logs every term, 0 for its padding
+            kind = "loss_term" if key in LOSS_METRICS else None
+            if isinstance(value, Declared):
+                value, kind = value.value, value.kind
+                if kind == "count":
+                    u.counted.add(key)
+            if kind == "loss_term":  # every process logs every term, 0 for its padding
                 self._loss_terms[key] += float(value) if micro.rows else 0.0
             elif micro.rows:
                 u.sums[key].append(float(value))
@@ -138,6 +170,33 @@ class Update:
         self.max_len, self.rollout_is, self.rollout_is_cap = max_len, rollout_is, rollout_is_cap
         self.other_engine, self.env_names, self.clip = other_engine, tuple(env_names), clip
         self.rows: list[Row] = []
+        self.counted: set[str] = set()
+        self._statistics: dict[str, tuple[float, float, str]] = {}
+
+    def statistic(self, key: str, value: float, reduce: Literal["mean", "sum", "min", "max"] = "mean",
+                  weight: float = 1.0) -> None:
+        """A method's own number of this iteration (from any block), logged by ``metrics`` under ``key`` (its
+        prefix and name: ``rollout/kept_groups``) and reduced over the processes: ``mean`` (weighted by ``weight``,
+        e.g. the process's row count for a mean over rows; 1 = the processes' values alike), ``sum``, ``min`` or
+        ``max``. Every process records the same keys: each reduction is a collective."""
+        if reduce not in ("mean", "sum", "min", "max"):
+            raise ValueError(f"statistic {key!r}: reduce must be 'mean', 'sum', 'min' or 'max', got {reduce!r}")
+        self._statistics[key] = (float(value), float(weight), reduce)
+
+    def _reduced_statistics(self) -> dict[str, float]:
+        """The iteration's ``statistic`` values over all processes (in key order, the same on every process)."""
+        out = {}
+        for key, (value, weight, reduce) in sorted(self._statistics.items()):
+            if reduce in ("mean", "sum"):
+                t = torch.tensor([value * weight if reduce == "mean" else value, weight], dtype=torch.float64,
+                                 device=self.device)
+                total, weights = self.accelerator.reduce(t, reduction="sum").tolist()
+                out[key] = total / weights if reduce == "mean" else total
+            else:
+                values = self.accelerator.gather(torch.tensor([value], dtype=torch.float64, device=self.device))
+                out[key] = float(values.min() if reduce == "min" else values.max())
+        self._statistics.clear()
+        return out
 
     def minibatches(self, rows: list[Row], orders: list[list[int]], n_minibatches: int) -> Iterator[MiniBatch]:
         """One iteration's mini-batches: each epoch's row order split into ``n_minibatches`` (the same count on
@@ -155,14 +214,16 @@ class Update:
     def metrics(self, *, episodes: list, stats: dict[str, float], t_rollout: float, t_update: float,
                 push: dict[str, float]) -> dict[str, float]:
         """The iteration's metrics, pooled over the processes (docs/metrics.md): ``rollout/*``, ``actor/*``,
-        ``perf/*``, each env's in a mixture, the weight push's (``push``) and ``rollout_is/*``."""
+        ``perf/*``, each env's in a mixture, the weight push's (``push``), ``rollout_is/*`` and the method's own
+        (``statistic``)."""
         out = iteration_metrics(self.accelerator, episodes=episodes, rows=self.rows, stats=stats,
                                 actor_sums=self.sums, grad_norms=self.grad_norms, skipped=self.skipped,
                                 update_tokens=self.tokens, t_rollout=t_rollout, t_update=t_update,
-                                count_keys=COUNT_METRICS)
+                                count_keys=(*COUNT_METRICS, *sorted(self.counted)))
         if self.env_ratios is not None:  # env/<name>/*: every env of the mixture apart
             out.update(env_metrics(self.accelerator, self.env_names, episodes=episodes, rows=self.rows))
             out.update(self.env_ratios.metrics(self.accelerator, self.env_names))
         out.update(push)
         out.update(pooled_mismatch(self.accelerator, self.mismatch))  # every process holds rows, so values
+        out.update(self._reduced_statistics())  # the method's own (Update.statistic)
         return out
