@@ -175,7 +175,7 @@ def test_old_logp_from_the_first_minibatch_forward_gives_the_same_losses_gradien
         policy.eval()
         score_rows(policy, policy, rows, micro_batch_size=64, temperature=0.5, pad_id=0, device="cpu",
                    stats=defaultdict(float), skip_policy=first if reuse else frozenset())
-        assert all((r.old_logp is None) == (reuse and j in first) for j, r in enumerate(rows))
+        assert all((r.stored("old_logp") is None) == (reuse and j in first) for j, r in enumerate(rows))
         policy.train()
         losses, grads = [], []
         for share in np.array_split(np.array(orders[0]), 2):
