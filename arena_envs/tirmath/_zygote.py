@@ -126,7 +126,7 @@ def _await(ctl: socket.socket, pid: int, plan, budget: tuple[str, int, int] | No
 
 
 def _over_budget(workdir: str, max_bytes: int, max_files: int) -> bool:
-    """Whether the tree under ``workdir`` holds more than ``max_files`` entries or ``max_bytes`` of blocks; it
+    """Whether the tree under ``workdir`` holds more than ``max_files`` inodes or ``max_bytes`` of blocks; it
     stops counting as soon as it does, so a check costs at most ``max_files`` ``lstat`` calls. It descends through
     directory descriptors opened with ``O_NOFOLLOW`` (never a link, any depth: one descriptor per level in
     flight), so the program cannot point it elsewhere."""
@@ -135,16 +135,19 @@ def _over_budget(workdir: str, max_bytes: int, max_files: int) -> bool:
         todo = [os.open(workdir, flags)]
     except OSError:
         return False
-    files = used = 0
+    used, seen = 0, set()  # inodes counted: a rename during the walk can show one twice; a hard link is one
     try:
         while todo:
             fd = todo.pop()
             try:
                 with os.scandir(fd) as entries:
                     for entry in entries:
-                        files += 1
-                        used += entry.stat(follow_symlinks=False).st_blocks * 512
-                        if files > max_files or used > max_bytes:
+                        st = entry.stat(follow_symlinks=False)
+                        if st.st_ino in seen:
+                            continue
+                        seen.add(st.st_ino)
+                        used += st.st_blocks * 512
+                        if len(seen) > max_files or used > max_bytes:
                             return True
                         if entry.is_dir(follow_symlinks=False):
                             todo.append(os.open(entry.name, flags, dir_fd=fd))

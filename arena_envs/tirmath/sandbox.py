@@ -152,8 +152,8 @@ class Sandbox:
         max_output: bytes of stdout/stderr kept (each); the rest is discarded.
         kill_output: total output bytes after which the child is killed (``output_limit``).
         file_size: largest file the child may write in its working directory (RLIMIT_FSIZE).
-        max_files: entries (files, directories, links) the working directory may hold; with its size (64 MiB or
-            4 x ``file_size``) the call's disk budget at every level (docs/sandbox.md).
+        max_files: inodes (files, directories, symlinks; a hard link is not one) the working directory may hold;
+            with its size (64 MiB or 4 x ``file_size``) the call's disk budget at every level (docs/sandbox.md).
         margin: extra seconds the client waits for a reply beyond ``timeout``.
         audit_hook: install the Python-level audit hook in children (it only names violations in
             the output). ``False`` leaves only the kernel-enforced layers; it exists to test them.
@@ -355,8 +355,9 @@ class Sandbox:
             helper._lock.release()
 
     def _record(self, op: str, attempt: int, reply: dict | None, timeout: float) -> bool:
-        """Log how a call ended (every call: DEBUG; a death its limits do not explain: WARNING) and keep it in
-        ``ends``. Returns whether it needs the retry (no reply, or an unexplained signal)."""
+        """Log how a call ended (every call: DEBUG; no reply or a death its limits do not explain: WARNING) and
+        keep it in ``ends``. Returns whether it was unexplained (a dead server is never retried: the call's
+        outcome is lost with it, and the next call starts a fresh server)."""
         unexplained = reply is None or unexplained_signal(reply, max(1, math.ceil(timeout)))
         end = {"op": op, "attempt": attempt, "level": self._layers.get("boundary"), "unexplained": unexplained,
                "time": time.time(), **host_facts()}
@@ -367,7 +368,7 @@ class Sandbox:
         self.ends.append(end)
         if unexplained:
             _LOG.warning("TIR-Math sandbox: a %s call ended without a reason its limits explain (attempt %d of 2; "
-                         "%s): %s", op, attempt, "retrying" if attempt == 1 else "an env error", end)
+                         "%s): %s", op, attempt, "retrying" if attempt == 1 and reply else "an env error", end)
         elif _LOG.isEnabledFor(logging.DEBUG):
             _LOG.debug("TIR-Math sandbox call ended: %s", end)
         return unexplained
@@ -392,13 +393,15 @@ class Sandbox:
         start = time.monotonic()
         for attempt in (1, 2):  # a death its limits do not explain is retried once (docs/sandbox.md)
             reply = self._request(req, timeout + self.margin)
+            if reply is None:
+                self._record("run", attempt, reply, timeout)
+                return ExecResult("sandbox_error", "", "sandbox server died or did not answer", None, None,
+                                  time.monotonic() - start, 0)
             if not self._record("run", attempt, reply, timeout):
                 break
         else:
-            why = ("sandbox server died or did not answer" if reply is None else
-                   f"sandbox child died twice of signal {reply['signal']}, which none of its limits explains")
-            return ExecResult("sandbox_error", "", why, None, None if reply is None else reply["signal"],
-                              time.monotonic() - start, 0)
+            return ExecResult("sandbox_error", "", f"sandbox child died twice of signal {reply['signal']}, which "
+                              "none of its limits explains", None, reply["signal"], time.monotonic() - start, 0)
         raw = reply.get("report")
         return ExecResult(_classify(reply), clean_text(reply["stdout"]), clean_text(reply["stderr"]),
                           reply["exit_code"], reply["signal"], reply["elapsed"], reply["output_bytes"],
@@ -421,10 +424,12 @@ class Sandbox:
                "mem_mb": int(memory_mb), "max_output": 256, "kill_output": 1 << 16, "fsize": 0, "max_files": 16}
         for attempt in (1, 2):
             reply = self._verify_request(req, timeout + self.margin, private)
+            if reply is None:
+                self._record("verify", attempt, reply, timeout)
+                raise SandboxError("the answer check got no reply from its server (it died or hung)")
             if not self._record("verify", attempt, reply, timeout):
                 return reply.get("limit") is None and reply["stdout"].endswith(nonce + "1")
-        raise SandboxError("the answer check got no reply from its server" if reply is None else
-                           f"the answer check died twice of signal {reply['signal']}, which none of its limits "
+        raise SandboxError(f"the answer check died twice of signal {reply['signal']}, which none of its limits "
                            "explains")
 
 
