@@ -180,6 +180,6 @@ def test_a_verify_child_killed_from_outside_is_retried():
         first, second = list(box.ends)[-2:]
         assert killed and not ok
         assert (first["attempt"], first["signal"], first["unexplained"]) == (1, signal.SIGKILL, True)
-        assert (second["attempt"], second["limit"]) == (2, "timeout")
+        assert second["attempt"] == 2 and second["limit"] in ("timeout", "cpu_timeout")
     finally:
         box.close()

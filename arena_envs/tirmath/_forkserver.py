@@ -402,7 +402,7 @@ def _scrub_host_names() -> None:
 
 # --- running one request ------------------------------------------------------------
 #: request fields the zygote gets (limits); everything else (code, nonce) goes to the child's pipe
-_HEADER_KEYS = ("op", "timeout", "mem_mb", "fsize", "max_files", "audit", "private_bytes", "report")
+_HEADER_KEYS = ("op", "timeout", "cpu", "mem_mb", "fsize", "max_files", "audit", "private_bytes", "report")
 
 
 class ZygoteLost(RuntimeError):

@@ -223,7 +223,7 @@ def _harden(req: dict, plan, confine, parent: int) -> None:
     workdir = req["workdir"]
     os.setsid()
     mem = int(req["mem_mb"]) << 20
-    cpu = max(1, math.ceil(float(req["timeout"])))
+    cpu = max(1, math.ceil(float(req.get("cpu") or req["timeout"])))
     for lim, value in ((resource.RLIMIT_AS, mem), (resource.RLIMIT_CPU, (cpu, cpu + 1)),
                        (resource.RLIMIT_NPROC, 0), (resource.RLIMIT_FSIZE, int(req["fsize"])),
                        (resource.RLIMIT_NOFILE, 64), (resource.RLIMIT_CORE, 0)):

@@ -18,7 +18,7 @@ CODE_RE = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)\n?```", re.DOTALL)
 _BOXED_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
 #: longest answer (``\\boxed{}`` content) checked; a longer one is a wrong answer, never an error
 MAX_ANSWER_CHARS = 1000
-#: seconds one symbolic check may take in the sandbox (wall clock; its CPU limit is the same, rounded up)
+#: CPU seconds one symbolic check may take in the sandbox (its wall clock: ``sandbox.VERIFY_WALL_FACTOR`` times more)
 VERIFY_BUDGET = 1.0
 #: deepest bracket nesting (``(``, ``[``, ``{``) a checked answer may have
 MAX_NESTING = 16
@@ -204,7 +204,7 @@ def is_correct(pred: str | None, gold: str, sandbox: Sandbox, timeout: float = V
     rules of ``_zygote.grade`` (percentages at face value, intervals/sets/tuples never mixed, exact decimals).
 
     Identical strings and plain numbers/fractions are decided here, and so is an answer ``costly_reason``
-    refuses; everything else goes through ``Sandbox.verify`` (``timeout`` seconds at most) because math-verify's
+    refuses; everything else goes through ``Sandbox.verify`` (``timeout`` CPU seconds at most) because math-verify's
     expression parser evaluates its input and its own timeouts rely on ``signal.alarm`` (main thread only), so
     the time limit is enforced by the sandbox.
     """

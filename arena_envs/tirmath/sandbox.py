@@ -61,6 +61,8 @@ MAX_VERIFY_BYTES = 32 << 10
 _REPORTED: set[tuple[str, str | None]] = set()
 #: how many call ends ``Sandbox.ends`` keeps
 ENDS_KEPT = 1000
+#: an answer check's wall-clock limit, in multiples of its CPU budget
+VERIFY_WALL_FACTOR = 5
 
 
 class SandboxError(RuntimeError):
@@ -410,8 +412,11 @@ class Sandbox:
     def verify(self, gold: str, pred: str, timeout: float = 1.0, memory_mb: int = 2048) -> bool:
         """``_zygote.grade`` (math-verify ``parse``/``verify`` under the grading rules) in a hardened child (it
         evaluates untrusted text). Concurrent checks run in parallel servers (``max_verify_servers``): one slow
-        answer delays no other check. A check over its ``timeout`` is ``False``; one whose server dies or whose
-        child dies of a signal its limits do not explain is retried once, then raises ``SandboxError``.
+        answer delays no other check. ``timeout`` is the check's CPU budget (seconds, rounded up): over it the
+        answer is not paid. The wall clock allows ``VERIFY_WALL_FACTOR`` times as much, so that a loaded host
+        (a check of ``(x+1)^2`` took 0.4-1.0 s of wall time for 0.1-0.2 s of CPU at load average 13 on 2 cores)
+        does not turn a correct answer into a wrong one. A check whose child dies of a signal its limits do not
+        explain is retried once, then raises ``SandboxError``, as does one whose server dies.
 
         The answers travel as private bytes: only the short-lived verify child reads them, so the
         gold answer never sits in the server's memory, which every later program inherits by fork.
@@ -420,10 +425,10 @@ class Sandbox:
         if len(private) > MAX_VERIFY_BYTES:
             return False  # far beyond any answer; keeps the message within one pipe buffer
         nonce = os.urandom(8).hex()
-        req = {"op": "verify", "nonce": nonce, "timeout": float(timeout),
+        req = {"op": "verify", "nonce": nonce, "timeout": VERIFY_WALL_FACTOR * float(timeout), "cpu": float(timeout),
                "mem_mb": int(memory_mb), "max_output": 256, "kill_output": 1 << 16, "fsize": 0, "max_files": 16}
         for attempt in (1, 2):
-            reply = self._verify_request(req, timeout + self.margin, private)
+            reply = self._verify_request(req, req["timeout"] + self.margin, private)
             if reply is None:
                 self._record("verify", attempt, reply, timeout)
                 raise SandboxError("the answer check got no reply from its server (it died or hung)")
