@@ -463,6 +463,10 @@ def resolve_settings(args: Args) -> tuple[Args, list[str]]:
         config, source = training_defaults(), "the training scripts' cpu-tiny defaults (no run record)"
     else:
         source = f"the run {folder} (args.json)"
+        missing = [key for key, _ in RUN_SETTINGS.values() if key not in config]
+        if missing:  # a run from before these fields: the training defaults fill them
+            config = {**training_defaults(), **config}
+            source += f", with the training defaults for {', '.join(missing)}"
         if args.model is None:
             final = folder / "final"
             if not (final / "config.json").is_file():
@@ -473,7 +477,7 @@ def resolve_settings(args: Args) -> tuple[Args, list[str]]:
         given = getattr(args, name)
         if name == "env_id" and isinstance(given, str):  # one id given as a string (the importable API)
             given = values[name] = [given]
-        recorded = read(config[key]) if config.get(key) is not None or key == "eval_split" else None
+        recorded = read(config[key]) if config.get(key) is not None else None
         if given is None:
             values[name] = recorded
         elif recorded is not None and given != recorded and folder is not None:

@@ -205,3 +205,16 @@ def test_evaluate_says_which_settings_it_used_and_refuses_k_over_samples(tiny_mo
                      progress=False)) == 0
     printed = capsys.readouterr().out
     assert "settings from the training scripts' cpu-tiny defaults" in printed and "prompt_style=compact" in printed
+
+
+def test_a_run_record_without_some_settings_takes_the_training_defaults_for_them(run_dir, tmp_path):
+    from eval.evaluate import Args, resolve_settings
+
+    folder, _ = run_dir
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "final").symlink_to(folder / "final")
+    (old / "args.json").write_text(json.dumps({"env_id": ["ARL/Sokoban-Mini-v0"], "max_turns": 3, "seed": 5}))
+    args, notes = resolve_settings(Args(run=old))
+    assert (args.max_turns, args.seed, args.prompt_style, args.model) == (3, 5, "compact", str(old / "final"))
+    assert "with the training defaults for" in notes[0] and "prompt_style" in notes[0]
