@@ -362,7 +362,7 @@ def grade(gold: str, pred: str) -> bool:
 
 def _exact(expr):
     """``x%`` -> ``x`` (latex2sympy writes a percentage as ``x * UnevaluatedExpr(1/100)``) and each decimal
-    (a ``Float`` of 15 significant digits) -> the rational it writes."""
+    (a ``Float``, as precise as its digits) -> the rational it writes."""
     from sympy import Basic, Float, Integer, Rational, UnevaluatedExpr
 
     if not isinstance(expr, Basic):
