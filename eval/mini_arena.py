@@ -341,8 +341,15 @@ def run_rl(args: Args, seed: int, bc_dir: Path, runs_dir: Path) -> dict[str, Any
     if code != 0:
         tail = (run_dir / "stdout.log").read_text()[-3000:]
         raise SystemExit(f"RL stage failed (exit {code}): {' '.join(cmd)}\n{tail}")
-    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    metrics = training_lines((run_dir / "metrics.jsonl").read_text())
     return {"command": cmd, "metrics": metrics, "model": str(run_dir / "final"), "seconds": time.perf_counter() - start}
+
+
+def training_lines(text: str) -> list[dict]:
+    """The training iterations' lines of a metrics.jsonl text (iteration 0, the start's held-out evaluation, is
+    left out: the BC start is evaluated here on its own)."""
+    lines = [json.loads(line) for line in text.splitlines() if line.strip()]
+    return [m for m in lines if m.get("iteration", 1) >= 1]
 
 
 # --- stage 4: held-out evaluation ---------------------------------------------------------

@@ -191,9 +191,9 @@ def run_seed(args: Args, arena: mini_arena.Args, seed: int, cache: dict[tuple[st
             t1 = time.perf_counter()
             if args.resume and final.is_dir() and (runs_dir / method / "metrics.jsonl").is_file():
                 print(f"[seed {seed}] {key}: reusing {final}", flush=True)
-                lines = (runs_dir / method / "metrics.jsonl").read_text().splitlines()
                 rl = {"command": mini_arena.rl_command(run_args, seed, bc_dir, runs_dir),
-                      "metrics": [json.loads(line) for line in lines if line.strip()], "model": str(final)}
+                      "metrics": mini_arena.training_lines((runs_dir / method / "metrics.jsonl").read_text()),
+                      "model": str(final)}
             else:
                 print(f"[seed {seed}] {key}: algos/{method}.py, {args.rl_iterations} iterations", flush=True)
                 rl = mini_arena.run_rl(run_args, seed, bc_dir, runs_dir)
