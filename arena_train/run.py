@@ -250,8 +250,10 @@ class Run:
 
     def resume(self, collapse: CollapseConfig, optimizer, config: dict[str, Any]) -> int:
         """The alarm (its state travels in every checkpoint), ``--resume`` of the newest verified checkpoint, the
-        logger (``config`` is written to args.json) and, for a stop or rollback alarm, checkpoint 0 (the start
-        weights: a healthy checkpoint for a collapse in the first iterations). -> the first iteration to run."""
+        logger (``config`` is written to args.json; a resumed run's args.json keeps its start values and gets the
+        changed ones appended, ``arena_train.resume.updated_record``) and, for a stop or rollback alarm,
+        checkpoint 0 (the start weights: a healthy checkpoint for a collapse in the first iterations). -> the
+        first iteration to run."""
         acc, self.optimizer = self.accelerator, optimizer
         self.monitor = CollapseMonitor(collapse)
         acc.register_for_checkpointing(self.monitor)
