@@ -39,9 +39,10 @@ def short_error(proc: subprocess.CompletedProcess) -> str:
     return proc.stderr
 
 
-def test_unknown_env_id_lists_the_registered_ids():
-    err = short_error(run(GRPO, "--env-id", "ARL/Sokoban-v9", "--model-path", "tiny"))
+def test_unknown_env_id_lists_the_registered_ids(tmp_path):
+    err = short_error(run(GRPO, "--env-id", "ARL/Sokoban-v9", "--model-path", "tiny", "--output-dir", tmp_path / "o"))
     assert "unknown env id 'ARL/Sokoban-v9'" in err and "ARL/Sokoban-v0" in err and "ARL/WebShop-v0" in err
+    assert not (tmp_path / "o").exists()  # nothing on disk before the start-up checks pass
 
 
 def test_unknown_env_id_in_sft():
@@ -86,8 +87,9 @@ def test_missing_vllm_extra_gives_the_pip_line(tmp_path):
 
 @pytest.mark.parametrize(("flag", "value", "expected"), [
     ("--top-p", "1.5", "--top-p must be in (0, 1]"), ("--learning-rate", "nan", "--learning-rate must be > 0")])
-def test_out_of_range_value_names_the_flag(flag, value, expected):
-    assert expected in short_error(run(GRPO, flag, value, "--model-path", "tiny"))
+def test_out_of_range_value_names_the_flag(flag, value, expected, tmp_path):
+    assert expected in short_error(run(GRPO, flag, value, "--model-path", "tiny", "--output-dir", tmp_path / "o"))
+    assert not (tmp_path / "o").exists()  # nothing on disk before the start-up checks pass
 
 
 def test_out_of_range_value_in_sft(tmp_path):
@@ -128,11 +130,9 @@ def test_resume_without_latest_json_is_an_error_not_a_fresh_start(tiny_model, tm
 #: A hub endpoint that refuses connections at once: the hub unreachable, with no network needed by the test.
 NO_HUB = "http://127.0.0.1:9"
 #: Start-up errors, each (flags, what its message says, a blocked package or None, the hub endpoint or None);
-#: the unreachable hub id has its own test below.
+#: the unreachable hub id, a bad flag value and an unknown env id have their own tests, which check the same.
 STARTUP_ERRORS = {
     "track-without-wandb": (["--track", "--model-path", "tiny"], 'pip install -e ".[wandb]"', "wandb", None),
-    "bad-flag-value": (["--top-p", "1.5", "--model-path", "tiny"], "--top-p must be in (0, 1]", None, None),
-    "unknown-env": (["--env-id", "ARL/Nope-v0", "--model-path", "tiny"], "unknown env id", None, None),
     "prompt-too-long": (["--max-prompt-tokens", "8"], "more than --max-prompt-tokens 8", None, None),
 }
 
