@@ -13,6 +13,13 @@ segfault in a native engine, an OOM kill) or runs past ``timeout`` seconds per s
 its addressed slots fail with that error, and its other slots (their envs are gone) fail on their next step.
 Workers are daemon processes that also leave when their pipe closes, so they end with the trainer on any exit
 path; ``close`` (also at interpreter exit) ends them at once.
+
+``EnvServers`` is an ``EnvPool`` whose worker ``w`` plays its slots on the OpenEnv server at ``urls[w]`` (``python -m
+integrations.openenv_server``, on this machine or another): the worker holds the client side of each slot's stack
+(``wrappers.make_env("ARL/Remote-v0", url=...)``: prompts, projection, format penalty), the server the env. A
+server that dies or refuses fails the worker's episodes with the client's exception, one that hangs fails them
+with ``timeout`` (the worker is killed and restarted); a failed slot connects again on its next reset, so a server
+that is back serves the next episodes.
 """
 
 from __future__ import annotations
@@ -150,6 +157,9 @@ class EnvPool:
     ``gym.make(env, **env_kwargs)``) or a picklable no-argument callable (``functools.partial(wrappers.make_env,
     ...)``). ``timeout``: seconds a step or reset may take (None: no limit)."""
 
+    #: Modules the forkserver imports (when this pool starts it: the first pool of a process does).
+    preload = _PRELOAD
+
     def __init__(self, env: str | Callable[[], Any], slots: int, workers: int | None = None,
                  context: str = "forkserver", timeout: float | None = None, **env_kwargs):
         if isinstance(env, str):
@@ -163,7 +173,7 @@ class EnvPool:
         self.timeout, self.restarts = timeout, 0
         self._ctx = mp.get_context(context)
         if context == "forkserver":
-            self._ctx.set_forkserver_preload(_PRELOAD)
+            self._ctx.set_forkserver_preload(self.preload)
         self._procs: list = [None] * self.workers
         self._conns: list = [None] * self.workers
         self._lost: dict[int, EnvError] = {}  # slots whose env died with its worker, until their next reset
@@ -180,9 +190,13 @@ class EnvPool:
     def worker_of(self, slot: int) -> int:
         return slot % self.workers
 
+    def _worker_env_fn(self, w: int) -> Callable[[], Any]:
+        """What worker ``w`` makes its slots' envs with."""
+        return self.env_fn
+
     def _start(self, w: int) -> None:
         parent, child = self._ctx.Pipe()
-        proc = self._ctx.Process(target=_worker, args=(child, self.env_fn), daemon=True)
+        proc = self._ctx.Process(target=_worker, args=(child, self._worker_env_fn(w)), daemon=True)
         proc.start()
         child.close()
         self._procs[w], self._conns[w] = proc, parent
@@ -330,6 +344,36 @@ class EnvPool:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def served_env(make_env: Callable[..., Any], env_id: str, url: str):
+    """``make_env("ARL/Remote-v0", url=url)`` (the client-side stack of a served env), checked to serve ``env_id``."""
+    env = make_env("ARL/Remote-v0", url=url)
+    served = env.unwrapped.served_id
+    if served != env_id:
+        env.close()
+        raise ValueError(f"{url} serves {served}, not {env_id}: start it with --env-id {env_id}")
+    return env
+
+
+class EnvServers(EnvPool):
+    """``slots`` envs on the OpenEnv servers at ``urls``: one worker process per server (fewer if there are fewer
+    slots), slot ``i`` on ``urls[i % len(urls)]``. ``make_env(url)`` builds one env connected to ``url`` (e.g.
+    ``functools.partial(served_env, functools.partial(wrappers.make_env, ...), env_id)``; it must pickle).
+    ``timeout``: seconds a step or reset may take, as for ``EnvPool``."""
+
+    preload = [*_PRELOAD, "integrations.openenv_client"]  # the OpenEnv client imports for seconds
+
+    def __init__(self, make_env: Callable[[str], Any], urls: list[str], slots: int, timeout: float | None = None,
+                 context: str = "forkserver"):
+        bad = [u for u in urls if not u.startswith(("http://", "https://", "ws://", "wss://"))]
+        if not urls or bad:
+            raise ValueError(f"env servers need URLs such as http://HOST:PORT, got {bad or 'none'}")
+        self.urls = list(urls)
+        super().__init__(make_env, slots, workers=len(self.urls), context=context, timeout=timeout)
+
+    def _worker_env_fn(self, w: int) -> Callable[[], Any]:
+        return functools.partial(self.env_fn, self.urls[w])
 
 
 class SlotProxy:
