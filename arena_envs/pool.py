@@ -356,6 +356,16 @@ def served_env(make_env: Callable[..., Any], env_id: str, url: str):
     return env
 
 
+def servers_problem(urls, env_ids) -> str | None:
+    """Why ``--env-servers`` cannot serve this run (a URL without its scheme, a mixture), or None."""
+    bad = [u for u in urls if not u.startswith(("http://", "https://", "ws://", "wss://"))]
+    if bad:
+        return f"error: --env-servers takes URLs such as http://HOST:PORT, got {' '.join(bad)}"
+    if urls and not isinstance(env_ids, str) and len(env_ids) != 1:
+        return "error: --env-servers serves one env id (a server plays one); run a mixture's envs locally"
+    return None
+
+
 class EnvServers(EnvPool):
     """``slots`` envs on the OpenEnv servers at ``urls``: one worker process per server (fewer if there are fewer
     slots), slot ``i`` on ``urls[i % len(urls)]``. ``make_env(url)`` builds one env connected to ``url`` (e.g.
@@ -366,9 +376,9 @@ class EnvServers(EnvPool):
 
     def __init__(self, make_env: Callable[[str], Any], urls: list[str], slots: int, timeout: float | None = None,
                  context: str = "forkserver"):
-        bad = [u for u in urls if not u.startswith(("http://", "https://", "ws://", "wss://"))]
-        if not urls or bad:
-            raise ValueError(f"env servers need URLs such as http://HOST:PORT, got {bad or 'none'}")
+        problem = "error: no env server URL" if not urls else servers_problem(urls, "")
+        if problem:
+            raise ValueError(problem.removeprefix("error: "))
         self.urls = list(urls)
         super().__init__(make_env, slots, workers=len(self.urls), context=context, timeout=timeout)
 

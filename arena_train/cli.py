@@ -100,6 +100,9 @@ class EngineArgs:
     env_workers: int = -1
     """env worker processes per env (0 = step the envs in the trainer's process; -1 = auto: one per core, up to one
     per episode, for the native engines ALFWorld and TextWorld, 0 for the pure-Python envs); same rows either way"""
+    env_servers: tuple[str, ...] = ()
+    """OpenEnv servers (python -m integrations.openenv_server --env-id ID, on any machine) that play the training
+    episodes instead, slot i on URL i % N (docs/runs.md, "Env servers"); one env id; evaluation stays local"""
     env_step_timeout: float = 300.0
     """seconds an env step or reset may take in a worker before its episode fails (workers only)"""
     max_env_failures: int = 5
@@ -216,6 +219,10 @@ def args_problem(args: Any) -> str | None:
         from arena_train.mixture import mixture_problem
 
         problem = mixture_problem(args.env_id, getattr(args, "env_weights", None))
+    if problem is None and getattr(args, "env_servers", None):
+        from arena_envs.pool import servers_problem
+
+        problem = servers_problem(args.env_servers, getattr(args, "env_id", ""))
     if problem is None and getattr(args, "rollout_is_cap", 1.0) < 1.0:
         problem = f"error: --rollout-is-cap must be >= 1 (got {args.rollout_is_cap}): an exact match must keep weight 1"
     if problem is None and hasattr(method, "method_problem"):  # a method's own combinations (its Args block)

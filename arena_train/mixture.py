@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from arena_envs.pool import EnvError, EnvPool, LocalEnvs
+from arena_envs.pool import EnvError, EnvPool, EnvServers, LocalEnvs, served_env
 from arena_train.episodes import EpisodeRecorder, TurnTap, episode_record, turn_rows
 from arena_train.rollout import (
     EVAL_SEED_OFFSET,
@@ -239,6 +239,8 @@ class MixtureRollout:
     split (``arena_envs.pool.EnvPool``; ``make_env`` must then pickle, e.g. a ``functools.partial`` of
     ``wrappers.make_env``); -1 = auto (``arena_envs.auto_env_workers``: workers for the native engines).
     ``step_timeout`` (``--env-step-timeout``, workers only): seconds a step may take before its episode fails.
+    ``env_servers`` (``--env-servers``): OpenEnv server URLs that play the training episodes
+    (``arena_envs.pool.EnvServers``); held-out evaluation stays in this machine's envs.
 
     The training envs of an env are made when an iteration first draws that many of its groups (for one id:
     all of them here, as ``GroupRollout`` did) and reused afterwards. ``close`` ends the workers (they also end
@@ -249,8 +251,8 @@ class MixtureRollout:
 
     def __init__(self, mixture: Mixture, make_env: Callable[..., Any], num_groups: int, group_size: int,
                  eval_episodes: int, eval_split: str | None = None, env_workers: int = 0,
-                 step_timeout: float | None = None):
-        self.mixture, self.make_env = mixture, make_env
+                 step_timeout: float | None = None, env_servers: Sequence[str] = ()):
+        self.mixture, self.make_env, self.env_servers = mixture, make_env, list(env_servers)
         self.num_groups, self.group_size = num_groups, group_size
         self._rollouts: dict[tuple[int, int], GroupRollout] = {}
         self.recorder: EpisodeRecorder | None = None
@@ -265,6 +267,8 @@ class MixtureRollout:
     def _runner(self, env_id: str, split: str, slots: int, workers: int, timeout: float | None):
         from arena_envs import auto_env_workers
 
+        if split == "train" and self.env_servers:
+            return EnvServers(functools.partial(served_env, self.make_env, env_id), self.env_servers, slots, timeout)
         env_fn = functools.partial(self.make_env, env_id, split=split)
         workers = auto_env_workers(env_id, slots) if workers < 0 else workers
         return EnvPool(env_fn, slots, workers=workers, timeout=timeout) if workers > 0 else LocalEnvs(env_fn)

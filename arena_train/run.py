@@ -239,7 +239,8 @@ class Run:
         e = self.engine
         rollouts = MixtureRollout(self.mixture, make_env, num_groups // self.world, group_size,
                                   max(self.eval.eval_episodes // self.world, 1), self.eval.eval_split,
-                                  env_workers=e.env_workers, step_timeout=e.env_step_timeout)
+                                  env_workers=e.env_workers, step_timeout=e.env_step_timeout,
+                                  env_servers=e.env_servers)
         rollouts.require_prompts_fit(tokenizer, sampling, seed=self.seed)
         self.env_failures = FailureStreak(e.max_env_failures, rollouts)
         rollouts.recorder = EpisodeRecorder(self.run.log_episodes if self.accelerator.is_main_process else 0)
