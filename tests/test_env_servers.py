@@ -15,6 +15,7 @@ import time
 from collections import defaultdict
 from dataclasses import asdict
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -147,3 +148,20 @@ def test_bad_server_urls_fail_clearly():
         with EnvServers(remote_fn(), [other.url], 1) as servers:
             result = servers.reset_many({0: {"seed": 1}})[0]
             assert isinstance(result, EnvError) and "start it with --env-id ARL/Sokoban-Mini-v0" in result.error
+
+
+def test_the_flag_puts_the_training_episodes_on_the_servers():
+    from arena_train.cli import args_problem
+    from arena_train.mixture import Mixture, MixtureRollout
+
+    with ServerThread(make_app(ENV_ID)) as a:
+        rollouts = MixtureRollout(Mixture.parse([ENV_ID]), make_env, num_groups=2, group_size=2, eval_episodes=1,
+                                  env_servers=[a.url])
+        try:
+            assert isinstance(rollouts.rollout(0, 2).runner, EnvServers)
+            assert isinstance(rollouts.eval_rollouts[0].runner, LocalEnvs)  # held-out episodes stay here
+        finally:
+            rollouts.close()
+    problem = args_problem(SimpleNamespace(env_id=[ENV_ID, "ARL/WebShop-v0"], env_servers=("http://h:1",)))
+    assert problem.startswith("error: --env-servers serves one env id")
+    assert "http://HOST:PORT" in args_problem(SimpleNamespace(env_id=ENV_ID, env_servers=("h:1",)))
