@@ -180,3 +180,8 @@ def test_the_aliases_name_real_flags_and_stand_for_them():
     assert (args.model_path, args.env_id) == ("tiny", ["ARL/WebShop-v0"])
     options = {"--" + k.replace("_", "-") for k in flat_args(grpo.Args())}
     assert set(ALIASES.values()) <= options and not set(ALIASES) & options
+
+
+def test_every_named_field_is_a_flag_of_the_scripts():
+    fields = set(flat_args(grpo.Args()))
+    assert MID_RUN - {"world_size"} <= fields and CONTROL <= fields  # world_size: the process count, not a flag
