@@ -47,7 +47,7 @@ from arena_train.update import Update
 #: and its groups (``arena_train.cli``); flags given on the command line always win.
 GPU_PROFILE: dict[str, Any] = dict(
     env_id=["ARL/Sokoban-v0"], model_path="Qwen/Qwen3-4B", num_iterations=200, num_groups=16, history_length=2,
-    prompt_style="arlarena", max_response_tokens=512, temperature=1.0, learning_rate=1e-6, mini_batch_size=256,
+    prompt_style="arlarena", max_response_tokens=512, learning_rate=1e-6, mini_batch_size=256,
     micro_batch_size=8, rollout_backend="auto", mixed_precision="bf16", gradient_checkpointing=True, eval_episodes=128)
 
 
