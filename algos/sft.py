@@ -111,7 +111,7 @@ class Args:
     """first step that may be validated: earlier checkpoints of the default run have not reached the plans'
     phase transition, and validation is a fifth of the run's time"""
     eval_episodes: int = 100
-    """validation episodes per evaluation"""
+    """validation episodes per evaluation (eval.mini_arena's 100: enough to pick among the last checkpoints)"""
     seed: int = 1
     """seed of data collection, initialisation and batching"""
     torch_threads: int = 0
