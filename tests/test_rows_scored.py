@@ -99,8 +99,8 @@ FORK_ADVANTAGE = '''\
 SKIP = "skip_policy=first_minibatch(orders, n_minibatches)"
 
 
-def fork(up_front: bool) -> str:
-    text = (ROOT / "algos" / "grpo.py").read_text()
+def fork(text: str, up_front: bool) -> str:
+    """grpo.py's ``text`` with the entropy-shaped advantage block; ``up_front``: every row scored before it."""
     head, rest = text.split("        # ALGO LOGIC: scores and advantages of the rows (into `row.advantage`)\n")
     _, tail = rest.split("        # END ALGO LOGIC\n", 1)
     text = f"{head}        # ALGO LOGIC: entropy-shaped advantages\n{FORK_ADVANTAGE}        # END ALGO LOGIC\n{tail}"
@@ -116,11 +116,11 @@ def test_fork_reading_entropy_and_old_logp_equals_scoring_every_row_up_front(tin
              "--micro-batch-size", "3", "--eval-every", "0", "--checkpoint-every", "0", "--log-episodes", "0"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
            "CUDA_VISIBLE_DEVICES": ""}
-    procs = []
+    procs, grpo = [], (ROOT / "algos" / "grpo.py").read_text()  # one reading: both forks of the same text
     for name in ("lazy", "up_front"):
         (tmp_path / name).mkdir()
         script = tmp_path / name / "entropy_fork.py"
-        script.write_text(fork(name == "up_front"))
+        script.write_text(fork(grpo, name == "up_front"))
         procs.append(subprocess.Popen([sys.executable, str(script), *flags, "--output-dir", str(tmp_path / name)],
                                       env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
     for p in procs:
