@@ -2,7 +2,7 @@
 
 Standard stack, inner → outer (built by :func:`make_env`)::
 
-    gym.make(env_id)          raw env (+ TimeLimit): text obs, env reward, info schema
+    gym.make(env_id)          raw env (+ TimeLimit, EpisodeGuard): text obs, env reward, info schema
       → AnchorState           info["anchor"] = key of the RAW observation (GiGPO step groups)
       → FormatPenalty         raw LLM text → env action (projection); −penalty if malformed/invalid
       → PromptHistory         obs := chat prompt (task, last k steps, obs, actions, format)
