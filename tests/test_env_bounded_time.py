@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 import wrappers
 from arena_envs import ENGINE_EXTRAS, ENV_IDS
 from arena_envs.swe import commands
+from arena_envs.swe import runner as swe_runner
 
 MIB = 1 << 20
 #: seconds one 1 MiB step may take on a loaded 2-core machine (the slowest env, ALFWorld, takes ~0.2 s)
@@ -46,13 +47,16 @@ def env_id(request):
 
 
 def running(envs, env_id: str, stack: str) -> gym.Env:
-    """The (id, stack) env in a running episode; TIR-Math's sandbox is started before any step is timed."""
+    """The (id, stack) env in a running episode; the sandbox servers of TIR-Math and SWE-Mini (1-2 s to start, once
+    per process) are started before any step is timed."""
     key = (env_id, stack)
     if key not in envs:
         kwargs = {"games_per_task": 1} if "ALFWorld" in env_id else {}
         envs[key] = gym.make(env_id, **kwargs) if stack == "raw" else wrappers.make_env(env_id, **kwargs)
         if "TIRMath" in env_id:
             envs[key].unwrapped.sandbox.run("print(1)", timeout=3.0)
+        if "SWE" in env_id:
+            swe_runner.sandbox().run("print(1)", timeout=3.0)
     env = envs[key]
     if env.unwrapped._phase != "running":
         env.reset(seed=0)
