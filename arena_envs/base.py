@@ -155,9 +155,9 @@ class TextEnv(gym.Env[str, str]):
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         if self._phase == "closed":
             raise EnvStateError(f"{type(self).__name__}.reset() after close(): make a new env")
+        self._phase = "failed"  # until the new episode stands: a step must not act on a half-reset state
         options = self._check_options(options)
         super().reset(seed=seed)
-        self._phase = "failed"  # until the new episode stands: a step must not act on a half-reset state
         obs, info = self._reset(options)
         obs = clean_observation(obs)
         self._phase = "running"
