@@ -42,8 +42,8 @@ NO_TOOL_OBS = "No ```python code block and no \\boxed{} answer in this turn; the
 
 INSTRUCTIONS = (
     "Solve the math problem step by step. You may run Python code written in a fenced block "
-    "(```python ... ```); sympy and numpy are available. When you answer with <think> </think> and "
-    "<action> </action> tags, the code block goes inside the <action> tags, as does the final answer: only "
+    "(```python ... ```); sympy and numpy are available. When you answer with think and action tags, the "
+    "code block goes inside the <action> tags, as does the final answer: only "
     "the action's text is run and graded, and code in <think> is never run. Only the first code block of a "
     "turn is run and the turn ends with it (text after it is not read); its printed output is returned to "
     "you after 'Code execution result: ' (use print). Each run is limited in time and memory and has no "
