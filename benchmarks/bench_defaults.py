@@ -145,7 +145,7 @@ def table(rows: list[dict], cpu: str, threads: int) -> str:
         return "–" if "load" not in r else f"{r['load'][0]:.1f} / {r['load'][1]:.1f}"
 
     lines = [f"CPU: {cpu}; torch threads per process: {threads or 'all cores'}; one process of this benchmark at a "
-             "time (load: the machine's 1-minute load average at the run's start / end).", ""]
+             "time\n(load: the machine's 1-minute load average at the run's start / end).", ""]
     lines += ["| seed | sft.py wall s | CPU s | load | validation success |", "|---|---|---|---|---|"]
     lines += [f"| {r['seed']} | {r['wall_s']:.0f} | {r['cpu_s']:.0f} | {load(r)} | {r['validation']:.2f} |"
               for r in sft]
