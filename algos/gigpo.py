@@ -70,8 +70,8 @@ class Args:
     """seed of everything (tasks, sampling, init)"""
     num_iterations: int = 100
     """number of rollout + update iterations (100: the length in which every method of the paper's comparison
-    gained on the mini-arena's BC starts, docs/mini_arena.md; GRPO 216, SAMPO 267 CPU seconds on one thread from
-    algos/sft.py's default start, docs/algorithms.md)"""
+    gained on the mini-arena's BC starts, docs/mini_arena.md; GRPO 194-223, SAMPO 235-267 CPU seconds on one
+    thread from algos/sft.py's default start, docs/algorithms.md)"""
     num_groups: int = 8
     """task instances (groups) per iteration, over all processes"""
     group_size: int = 8
