@@ -420,17 +420,29 @@ RUN_SETTINGS: dict[str, tuple[str, Callable[[Any], Any]]] = {
 
 
 def training_defaults() -> dict[str, Any]:
-    """The training scripts' cpu-tiny settings, as a run's ``args.json`` holds them (``algos/grpo.py``'s ``Args``)."""
-    import importlib.util
+    """The training scripts' cpu-tiny settings, as a run's ``args.json`` holds them: the literal defaults of
+    ``algos/grpo.py``'s ``Args``, read from its source (scripts are run or forked, never imported), and the
+    evaluation group's (``arena_train.cli.EvalArgs``)."""
+    import ast
+    from dataclasses import fields
 
-    from arena_train.cli import flat_args
+    from arena_train.cli import EvalArgs
 
-    path = Path(__file__).resolve().parents[1] / "algos" / "grpo.py"
-    spec = importlib.util.spec_from_file_location("_arlarena_grpo_defaults", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return flat_args(module.Args())
+    source = (Path(__file__).resolve().parents[1] / "algos" / "grpo.py").read_text()
+    args_class = next(node for node in ast.parse(source).body
+                      if isinstance(node, ast.ClassDef) and node.name == "Args")
+    defaults: dict[str, Any] = {f.name: getattr(EvalArgs(), f.name) for f in fields(EvalArgs)}
+    for node in args_class.body:
+        if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None):
+            continue
+        value = node.value
+        if isinstance(value, ast.Call) and value.keywords and isinstance(value.keywords[0].value, ast.Lambda):
+            value = value.keywords[0].value.body  # field(default_factory=lambda: [...])
+        try:
+            defaults[node.target.id] = ast.literal_eval(value)
+        except ValueError:  # a computed default (exp_name, model_path, groups): not an evaluation setting
+            continue
+    return defaults
 
 
 def run_record(args: Args) -> tuple[Path | None, dict[str, Any] | None]:

@@ -163,3 +163,14 @@ def test_pass_at_k_matches_enumeration(nck):
     brute = sum(any(outcomes[i] for i in s) for s in subsets) / len(subsets)
     assert pass_at_k(n, c, k) == pytest.approx(brute)
     assert pass_at_k(n, c, 1) == pytest.approx(c / n)
+
+
+def test_training_defaults_are_the_scripts_args_defaults():
+    """eval.evaluate reads grpo.py's defaults from its source: they must be what the script's Args holds."""
+    from arena_train.cli import flat_args
+    from conftest import load_script
+    from eval.evaluate import RUN_SETTINGS, training_defaults
+
+    expected, read = flat_args(load_script("grpo").Args()), training_defaults()
+    for key, _ in RUN_SETTINGS.values():
+        assert read[key] == expected[key], key
