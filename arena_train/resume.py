@@ -20,7 +20,7 @@ import typing
 from pathlib import Path
 from typing import Any, Sequence
 
-from arena_train.cli import flat_args, replace_flat
+from arena_train.flat import flat_args, replace_flat
 
 #: Fields that locate or steer the run itself, not its recipe: always this command line's, never compared or
 #: recorded as changes.

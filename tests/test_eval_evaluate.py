@@ -167,8 +167,9 @@ def test_pass_at_k_matches_enumeration(nck):
 
 def test_training_defaults_are_the_scripts_args_defaults():
     """eval.evaluate reads grpo.py's defaults from its source: they must be what the script's Args holds."""
-    from arena_train.cli import flat_args
     from conftest import load_script
+
+    from arena_train.cli import flat_args
     from eval.evaluate import RUN_SETTINGS, training_defaults
 
     expected, read = flat_args(load_script("grpo").Args()), training_defaults()

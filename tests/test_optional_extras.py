@@ -1,6 +1,7 @@
 """An env whose optional extra is not installed fails at ``gym.make`` with one line naming the pip command, not a
-bare ``ModuleNotFoundError`` (the missing package is simulated: ``sys.modules[name] = None`` makes its import fail,
-as an uninstalled package does)."""
+bare ``ModuleNotFoundError`` (the missing package is simulated: ``sys.modules[name] = None`` for the package and
+every submodule already imported makes its import fail, as an uninstalled package does, even in a process where
+another test imported it)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,14 @@ CASES = [("ARL/Remote-v0", "openenv", "openenv", {"url": "http://127.0.0.1:9"}),
          ("ARL/TextWorld-Large-v0", "textworld", "textworld", {})]
 
 
+def hide(monkeypatch, package: str) -> None:
+    """Make ``package`` and its submodules unimportable, and drop the project modules that import it."""
+    for name in [n for n in sys.modules if n == package or n.startswith(package + ".")] + [package]:
+        monkeypatch.setitem(sys.modules, name, None)
+    for name in [n for n in sys.modules if n.startswith("integrations.openenv_")]:
+        monkeypatch.delitem(sys.modules, name)
+
+
 def assert_one_line_naming_the_extra(err: ModuleNotFoundError, extra: str) -> None:
     message = str(err)
     assert "\n" not in message and f'pip install -e ".[{extra}]"' in message, message
@@ -27,8 +36,7 @@ def assert_one_line_naming_the_extra(err: ModuleNotFoundError, extra: str) -> No
 
 @pytest.mark.parametrize(("env_id", "missing", "extra", "kwargs"), CASES)
 def test_a_missing_extra_is_one_line_with_the_pip_command(monkeypatch, env_id, missing, extra, kwargs):
-    monkeypatch.setitem(sys.modules, missing, None)
-    monkeypatch.delitem(sys.modules, "integrations.openenv_client", raising=False)  # imported afresh by gym.make
+    hide(monkeypatch, missing)
     with pytest.raises(ModuleNotFoundError) as caught:
         gym.make(env_id, **kwargs)
     assert_one_line_naming_the_extra(caught.value, extra)
@@ -36,9 +44,7 @@ def test_a_missing_extra_is_one_line_with_the_pip_command(monkeypatch, env_id, m
 
 
 def test_the_openenv_server_without_openenv_is_one_line(monkeypatch):
-    monkeypatch.setitem(sys.modules, "openenv", None)
-    for module in ("integrations.openenv_server", "integrations.openenv_client"):
-        monkeypatch.delitem(sys.modules, module, raising=False)
+    hide(monkeypatch, "openenv")
     with pytest.raises(ModuleNotFoundError) as caught:
         importlib.import_module("integrations.openenv_server")
     assert_one_line_naming_the_extra(caught.value, "openenv")
