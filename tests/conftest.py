@@ -143,3 +143,17 @@ def pytest_collection_modifyitems(config, items):
     """The longest file first: with ``-n 2 --dist loadfile`` whole files go to the workers in collection order, and
     a long file handed out late would run alone at the end while the other core idles."""
     items.sort(key=lambda item: item.path.name != LONGEST_FILE)  # stable: the order within and of the rest is kept
+
+
+def proc_children(pid: int) -> list[int]:
+    """The pids whose parent is ``pid`` (from /proc: the sandbox tests' view of what a call left running)."""
+    kids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                kids.append(int(entry))
+    return kids

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import proc_children
 
 from arena_envs.tirmath import Sandbox, TIRMathEnv
 
@@ -36,23 +37,10 @@ def _leftovers(box: Sandbox) -> list[int]:
     """Processes of earlier calls still running: descendants of the server other than its zygote."""
     found, todo = [], [box.server_pid]
     while todo:
-        kids = _children(todo.pop())
+        kids = proc_children(todo.pop())
         found += kids
         todo += kids
     return [p for p in found if p != box.zygote_pid]
-
-
-def _children(pid: int) -> list[int]:
-    kids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                kids.append(int(entry))
-    return kids
 
 
 # (name, code template, expected status, text expected in the error line or stdout)

@@ -10,9 +10,9 @@ import os
 import signal
 import threading
 import time
-from pathlib import Path
 
 import pytest
+from conftest import proc_children
 
 from arena_envs.tirmath import Problem, TIRMathEnv
 from arena_envs.tirmath.sandbox import Sandbox, SandboxError
@@ -106,24 +106,11 @@ def test_each_call_has_an_inode_budget(box):
         assert MAX_FILES // 2 <= made <= 2 * MAX_FILES, made
 
 
-def _children(pid: int) -> list[int]:
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                out.append(int(entry))
-    return out
-
-
 def _kill_first_child(box: Sandbox, killed: list[int]) -> None:
     """Play the outside killer of the unexplained bursts: SIGKILL the first call's child once it runs."""
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        for pid in _children(box.zygote_pid):
+        for pid in proc_children(box.zygote_pid):
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:  # ended between the listing and the kill
