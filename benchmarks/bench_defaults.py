@@ -6,8 +6,10 @@ script ``python algos/<script>.py --model-path <that BC folder> --seed S`` with 
 the run's final model play the same held-out task seeds with the run's own settings (env, turns, prompt, response
 budget, from its args.json), greedily, as eval.mini_arena evaluates; the paired gain is a Student-t 95 % interval
 over the per-room differences. Wall and CPU seconds are the run's process (children included). Finished runs and
-evaluations are kept under --out and reused (delete a folder to redo it), so the command resumes where it stopped;
-the table holds every finished run under --out.
+evaluations are kept under --out and reused (delete a folder to redo it), so the command resumes where it stopped.
+The table holds the rows of ``--record`` (benchmarks/results/bench_defaults.json, committed: the measurements behind
+docs/algorithms.md, with their CPU) updated by every finished run under --out, a (script, seed) measured again
+replacing its recorded row; the updated rows are written back to the record.
 
     python benchmarks/bench_defaults.py                              # sft + 10 scripts x seeds 1-3 (hours)
     python benchmarks/bench_defaults.py --scripts grpo sampo --seeds 1
@@ -172,6 +174,24 @@ def write_doc(doc: Path, text: str) -> None:
     doc.write_text(new)
 
 
+def read_record(path: Path, cpu: str, threads: int) -> list[dict]:
+    """The recorded rows, if they were measured on this CPU model with these threads (a table mixes no machines)."""
+    if not path.is_file():
+        return []
+    record = json.loads(path.read_text())
+    if (record["cpu"], record["torch_threads"]) != (cpu, threads):
+        print(f"{path}: measured on {record['cpu']!r} with {record['torch_threads']} threads, not {cpu!r} with "
+              f"{threads}: its rows are left out of the table", file=sys.stderr)
+        return []
+    return record["rows"]
+
+
+def merge(recorded: list[dict], measured: list[dict]) -> list[dict]:
+    """``recorded`` with every (script, seed) of ``measured`` replaced by the new measurement."""
+    new = {(r["script"], r["seed"]) for r in measured}
+    return [r for r in recorded if (r["script"], r["seed"]) not in new] + measured
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scripts", nargs="+", default=list(SCRIPTS), choices=SCRIPTS)
@@ -182,6 +202,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "bench_defaults")
     parser.add_argument("--doc", type=Path, default=ROOT / "docs" / "algorithms.md",
                         help="the file whose bench_defaults markers receive the table")
+    parser.add_argument("--record", type=Path, default=ROOT / "benchmarks" / "results" / "bench_defaults.json",
+                        help="earlier rows kept in the table until their (script, seed) is measured again")
     parser.add_argument("--sft-args", default="", help="extra sft.py flags, one quoted string (a smoke run's)")
     parser.add_argument("--rl-args", default="", help="extra flags for every RL script, one quoted string")
     parser.add_argument("--table-only", action="store_true",
@@ -196,10 +218,13 @@ def main(argv: list[str] | None = None) -> None:
     # the table holds every finished run under --out (a partial call must not drop the others' rows)
     seeds = sorted(int(p.name[4:]) for p in args.out.glob("seed*") if p.name[4:].isdigit())
     every = argparse.Namespace(**{**vars(args), "table_only": True, "scripts": list(SCRIPTS)})
-    rows = [row for seed in seeds for row in bench_seed(every, seed)]
+    rows = merge(read_record(args.record, cpu_model(), args.torch_threads),
+                 [row for seed in seeds for row in bench_seed(every, seed)])
     text = table(rows, cpu_model(), args.torch_threads)
     write_doc(args.doc, text)
-    (args.out / "results.json").write_text(json.dumps(rows, indent=1))
+    args.record.parent.mkdir(parents=True, exist_ok=True)
+    args.record.write_text(json.dumps({"cpu": cpu_model(), "torch_threads": args.torch_threads, "rows": rows},
+                                      indent=1) + "\n")
     print(text)
 
 
