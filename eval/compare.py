@@ -5,9 +5,12 @@ change against a baseline method paired by room, and each run's collapse verdict
 
 Every run's ``final`` model plays the same ``--episodes`` held-out rooms greedily (``eval.mini_arena``'s
 evaluation: the main job's rooms, so BC, teacher and methods are comparable), cached in the run's
-``final_eval.json``. Per method: success and score as the mean over seeds with a Student-t 95 % interval over
-seeds; the change against the baseline as the mean over seeds of the per-seed difference (t over seeds) and,
-tighter, pooled over every (seed, room) pair (t over pairs, the rooms being paired); collapse as
+``final_eval.json``. Per method: success over every (seed, room) episode with a Wilson 95 % interval at the
+effective sample size the spread over seeds leaves (``eval.stats.clustered_proportion_ci``: a rate stays inside
+[0, 100], which a t-interval over 2-3 seeds does not); score as the mean over seeds with a Student-t 95 % interval
+over seeds; the change against the baseline as the mean over seeds of the per-seed difference (t over seeds) and,
+tighter, pooled over every (seed, room) pair (t over pairs, the rooms being paired). Each t-interval says over how
+many seeds or pairs it was taken, since with 2-3 seeds its width is mostly the t quantile. Collapse is
 ``eval.stability``'s verdict on the in-run curves, with the seed and the first collapsing iteration. Writes
 ``compare.md`` and ``compare.json`` into ``--out``.
 """
@@ -20,7 +23,7 @@ from pathlib import Path
 
 import tyro
 
-from eval.stats import Estimate, mean_ci
+from eval.stats import Estimate, clustered_proportion_ci, mean_ci
 
 
 @dataclass
@@ -96,24 +99,32 @@ def against(row: MethodRow, base: MethodRow) -> tuple[Estimate, Estimate]:
     return mean_ci(per_seed), mean_ci(pooled)
 
 
-def interval(e: Estimate, digits: int = 1) -> str:
+def success_ci(row: MethodRow) -> Estimate:
+    """The method's success in % over all its (seed, room) episodes: a Wilson interval whose sample size the
+    spread between seeds shrinks (the rooms of one seed share a model); ``n`` counts seeds."""
+    e = clustered_proportion_ci([row.wins[s] for s in row.seeds])
+    return Estimate(100 * e.mean, 100 * e.low, 100 * e.high, e.n)
+
+
+def interval(e: Estimate, digits: int = 1, over: str = "") -> str:
+    """``mean [low, high]``; with ``over`` (a t-interval's unit: "seeds", "pairs") the count it was taken over."""
     if e.n == 0:
         return "–"
     if e.n == 1:
-        return f"{e.mean:.{digits}f}"
-    return f"{e.mean:.{digits}f} [{e.low:.{digits}f}, {e.high:.{digits}f}]"
+        return f"{e.mean:.{digits}f}" + (f" (1 {over.removesuffix('s')})" if over else "")
+    return f"{e.mean:.{digits}f} [{e.low:.{digits}f}, {e.high:.{digits}f}]" + (f" (t, {e.n} {over})" if over else "")
 
 
 def table(rows: list[MethodRow], baseline: str) -> str:
     base = next((r for r in rows if r.method == baseline), None)
-    lines = [f"| dimension | method | seeds | success % | score | Δ success vs {baseline} (points, over seeds) | "
-             f"Δ vs {baseline}, pooled paired by room | collapse | success per seed % |",
+    lines = [f"| dimension | method | seeds | success % (Wilson) | score | Δ success vs {baseline} (points, over "
+             f"seeds) | Δ vs {baseline}, pooled paired by room | collapse | success per seed % |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         seed_delta, pooled = against(r, base) if base is not None and r is not base else (None, None)
         lines.append("| " + " | ".join([
-            r.dimension, r.method, str(len(r.seeds)), interval(mean_ci(r.success)), interval(mean_ci(r.score), 2),
-            interval(seed_delta) if seed_delta else "", interval(pooled) if pooled else "",
+            r.dimension, r.method, str(len(r.seeds)), interval(success_ci(r)), interval(mean_ci(r.score), 2, "seeds"),
+            interval(seed_delta, over="seeds") if seed_delta else "", interval(pooled, over="pairs") if pooled else "",
             ", ".join(r.collapses) or "no", " / ".join(f"{x:.1f}" for x in r.success)]) + " |")
     return "\n".join(lines)
 
@@ -126,7 +137,9 @@ def main(args: Args) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     text = table(rows, args.baseline)
     (args.out / "compare.md").write_text(
-        f"Final models on {args.episodes} held-out rooms (greedy); intervals: Student-t 95 %.\n\n{text}\n")
+        f"Final models on {args.episodes} held-out rooms (greedy); 95 % intervals: success Wilson over the (seed, room)"
+        f" episodes at the effective sample size the spread over seeds leaves; score and Δ Student-t over the seeds or"
+        f" (seed, room) pairs each names.\n\n{text}\n")
     (args.out / "compare.json").write_text(json.dumps(
         [{"method": r.method, "dimension": r.dimension, "seeds": r.seeds, "success": r.success, "score": r.score,
           "collapses": r.collapses} for r in rows], indent=1))
