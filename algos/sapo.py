@@ -21,12 +21,13 @@ import functools
 import os
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
 import torch
 
+import wrappers
 from arena_train import cli
 from arena_train.batching import first_minibatch, score_rows, sequence_logprobs, update_orders
 from arena_train.cli import EngineArgs, EvalArgs, RunArgs, flat_args, parse_args
@@ -39,14 +40,19 @@ from arena_train.run import Run
 from arena_train.sharding import prepare_reference
 from arena_train.update import Update
 
+# isort: split
+# ALGO LOGIC: imports (the method's own modules: every import of the script sits at its top)
+# END ALGO LOGIC
+
 #: ``--profile gpu``: ARLArena's shared recipe (§1.3; BC'd Qwen3-4B, 16 groups x 8, lr 1e-6, mini-batch 256, bf16,
 #: vLLM); --max-turns and --max-prompt-tokens come from the env's registration (``arena_envs.env_recipe``: ALFWorld
 #: 50 turns, WebShop 15 turns and 4,096 prompt tokens). Fields not listed keep the CPU default declared in ``Args``
 #: and its groups (``arena_train.cli``); flags given on the command line always win.
-GPU_PROFILE: dict[str, Any] = dict(
-    env_id=["ARL/Sokoban-v0"], model_path="Qwen/Qwen3-4B", num_iterations=200, num_groups=16, history_length=2,
-    prompt_style="arlarena", max_response_tokens=512, learning_rate=1e-6, mini_batch_size=256,
-    micro_batch_size=8, rollout_backend="auto", mixed_precision="bf16", gradient_checkpointing=True, eval_episodes=128)
+GPU_PROFILE: dict[str, Any] = {
+    "env_id": ["ARL/Sokoban-v0"], "model_path": "Qwen/Qwen3-4B", "num_iterations": 200, "num_groups": 16,
+    "history_length": 2, "prompt_style": "arlarena", "max_response_tokens": 512, "learning_rate": 1e-6,
+    "mini_batch_size": 256, "micro_batch_size": 8, "rollout_backend": "auto", "mixed_precision": "bf16",
+    "gradient_checkpointing": True, "eval_episodes": 128}
 
 
 @dataclass
@@ -208,61 +214,63 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
 
 
 def main(args: Args) -> None:
-    import wrappers
-
-    run = Run.start(  # threads, seeds, accelerator, run folder (--resume, --overwrite); --dry-run exits here
-        args.run, args.engine, args.eval, Mixture.parse(args.env_id, args.env_weights), exp_name=args.exp_name,
-        seed=args.seed, model_path=args.model_path, num_groups=args.num_groups,
+    # threads, seeds, accelerator, run folder (--resume, --overwrite); --dry-run exits here
+    run = Run.start(
+        args.run, args.engine, args.eval, Mixture.parse(args.env_id, args.env_weights),
+        exp_name=args.exp_name, seed=args.seed, model_path=args.model_path, num_groups=args.num_groups,
         max_prompt_tokens=args.max_prompt_tokens, max_response_tokens=args.max_response_tokens)
     accelerator, rank, world, mixture = run.accelerator, run.rank, run.world, run.mixture
     device = accelerator.device
     policy, ref_model, tokenizer = load_policy_and_reference(
         run.model_path, run.dtype, lora_rank=args.engine.lora_rank,
         gradient_checkpointing=args.engine.gradient_checkpointing)
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=args.learning_rate, weight_decay=args.weight_decay)
+    optimizer = torch.optim.AdamW(
+        policy.parameters(), lr=args.learning_rate, weight_decay=args.weight_decay)
     # ALGO LOGIC: extra models and optimizers (defines `extra_models`, trained beside the policy; none for GRPO)
     extra_models: list[torch.nn.Module] = []
     # END ALGO LOGIC
     policy, optimizer = accelerator.prepare(policy, optimizer)
     ref_model = prepare_reference(accelerator, ref_model, policy)  # sharded like the policy; LoRA: the base
-    backend = run.rollout_backend(policy, tokenizer, max_model_len=args.max_prompt_tokens + args.max_response_tokens,
-                                  max_num_seqs=max(args.num_groups // world * args.group_size,
-                                                   args.eval.eval_episodes // world))
-    run.resume(args.collapse, optimizer, flat_args(args))  # the alarm, checkpoint 0 or the resumed one, the logger
+    backend = run.rollout_backend(
+        policy, tokenizer, max_model_len=args.max_prompt_tokens + args.max_response_tokens,
+        max_num_seqs=max(args.num_groups // world * args.group_size, args.eval.eval_episodes // world))
+    # the alarm, checkpoint 0 or the resumed one, the logger
+    run.resume(args.collapse, optimizer, flat_args(args))
     push_metrics = backend.push(accelerator.unwrap_model(policy))
-    sampling = RolloutConfig(max_turns=args.max_turns, max_prompt_tokens=args.max_prompt_tokens,
-                             max_response_tokens=args.max_response_tokens, temperature=args.temperature,
-                             top_p=args.top_p, row_layout=args.row_layout)
-    evaluation = replace(sampling, temperature=args.eval.eval_temperature, top_p=args.eval.eval_top_p,
-                         top_k=args.eval.eval_top_k)
-    rollouts = run.rollouts(  # a partial of wrappers.make_env pickles: env workers build their envs with it
-        functools.partial(wrappers.make_env, history_length=args.history_length, format_penalty=args.format_penalty,
-                          prompt_style=args.prompt_style), args.num_groups, args.group_size, tokenizer, sampling)
+    # the one source of the training temperature: rollouts sample with it, log-probs are taken at it
+    sampling = RolloutConfig(
+        max_turns=args.max_turns, max_prompt_tokens=args.max_prompt_tokens,
+        max_response_tokens=args.max_response_tokens, temperature=args.temperature, top_p=args.top_p,
+        row_layout=args.row_layout)
+    make_env = functools.partial(  # pickles: env workers build their envs with it
+        wrappers.make_env, history_length=args.history_length, format_penalty=args.format_penalty,
+        prompt_style=args.prompt_style)
+    rollouts = run.rollouts(make_env, args.num_groups, args.group_size, tokenizer, sampling)
     pad_id = tokenizer.pad_token_id
+    row_turns = args.max_turns if args.row_layout == "trajectory" else 1
     update = Update(  # Dr.GRPO's constant length max_len: the most policy tokens a row can hold
-        accelerator, micro_batch_size=args.engine.micro_batch_size, micro_batch_tokens=args.engine.micro_batch_tokens,
-        pad_id=pad_id, max_len=args.max_response_tokens * (args.max_turns if args.row_layout == "trajectory" else 1),
-        rollout_is=args.engine.rollout_is, rollout_is_cap=args.engine.rollout_is_cap,
-        other_engine=not backend.score_rollouts, env_names=mixture.names,
-        clip=(args.clip_ratio_low, args.clip_ratio_high))
+        accelerator, args.engine, pad_id=pad_id, max_len=args.max_response_tokens * row_turns,
+        other_engine=not backend.score_rollouts, env_names=mixture.names)
 
     for iteration in run.iterations(args.num_iterations):
-        # ---- rollout: rows of whole episodes, their old-policy and reference log-probs, advantages ------------
+        # ---- rollout: rows of whole episodes, their old and reference log-probs, advantages ----
         t_rollout = time.perf_counter()
         stats: dict[str, float] = defaultdict(float)
         policy.eval()
         # ALGO LOGIC: collect a batch of rows (defines `rows` and `episodes`)
-        rows, episodes = rollouts.collect(
-            backend, tokenizer, mixture.task_seeds(args.seed, iteration, args.num_groups, rank, world), sampling, stats)
+        seeds = mixture.task_seeds(args.seed, iteration, args.num_groups, rank, world)
+        rows, episodes = rollouts.collect(backend, tokenizer, seeds, sampling, stats)
         # END ALGO LOGIC
         # as many optimizer steps on every process; one row order per epoch
-        n_minibatches, orders = update_orders(accelerator, len(rows), args.mini_batch_size, args.update_epochs,
-                                              seed=args.seed * 1_000_003 + iteration * 101 + rank)
-        # the first mini-batch's forward comes before any optimizer step: it gives its rows' old log-probs itself
-        score_rows(policy, ref_model, rows, micro_batch_size=args.engine.micro_batch_size,
-                   micro_batch_tokens=args.engine.micro_batch_tokens, temperature=args.temperature, pad_id=pad_id,
-                   device=device, stats=stats, skip_policy=first_minibatch(orders, n_minibatches),
-                   use_rollout_logp=args.engine.rollout_is == "none" and backend.score_rollouts)
+        n_minibatches, orders = update_orders(
+            accelerator, len(rows), args.mini_batch_size, args.update_epochs,
+            seed=args.seed * 1_000_003 + iteration * 101 + rank)
+        # the first mini-batch's forward comes before any optimizer step: it gives its rows' old log-probs
+        score_rows(
+            policy, ref_model, rows, micro_batch_size=args.engine.micro_batch_size,
+            micro_batch_tokens=args.engine.micro_batch_tokens, temperature=sampling.temperature,
+            pad_id=pad_id, device=device, stats=stats, skip_policy=first_minibatch(orders, n_minibatches),
+            use_rollout_logp=args.engine.rollout_is == "none" and backend.score_rollouts)
         # ALGO LOGIC: scores and advantages of the rows (into `row.advantage`)
         advantages = compute_advantages(
             np.array([r.env_return - r.format_penalty for r in rows]), np.array([r.group for r in rows]),
@@ -273,7 +281,7 @@ def main(args: Args) -> None:
         # END ALGO LOGIC
         t_rollout = time.perf_counter() - t_rollout
 
-        # ---- update: one optimizer step per mini-batch, gradients accumulated over its micro-batches ----------
+        # ---- update: one optimizer step per mini-batch, gradients summed over its micro-batches ----
         t_update = time.perf_counter()
         backend.sleep()
         policy.train()
@@ -284,64 +292,69 @@ def main(args: Args) -> None:
                 dropped: set[int] = set()
                 with torch.no_grad(), accelerator.autocast():
                     for micro in mb:
-                        logp, _ = sequence_logprobs(policy, micro.batch, args.temperature, with_entropy=False)
+                        logp, _ = sequence_logprobs(
+                            policy, micro.batch, sampling.temperature, with_entropy=False)
                         micro.fill_old_logp(logp)
-                        masked = seq_mask(logp, micro.batch["old_logp"], micro.batch["advantages"],
-                                          micro.batch["mask"], args.seq_mask_delta)
+                        batch = micro.batch
+                        masked = seq_mask(logp, batch["old_logp"], batch["advantages"], batch["mask"],
+                                          args.seq_mask_delta)
                         dropped.update(id(r) for r, m in zip(micro.rows, masked.tolist()) if m)
                 pg_counts = mb.loss_counts(dropped)
             # END ALGO LOGIC
             optimizer.zero_grad(set_to_none=True)
-            for micro in mb:  # the same number of passes on every process (padding passes weigh 0)
+            for micro in mb:  # as many passes on every process (padding passes weigh 0)
                 batch, counts = micro.batch, mb.counts
                 with micro.sync([policy, *extra_models]), accelerator.autocast():
-                    logp, entropy = sequence_logprobs(policy, batch, args.temperature)
+                    logp, entropy = sequence_logprobs(policy, batch, sampling.temperature)
                     micro.fill_old_logp(logp)  # the first mini-batch's rows (not scored)
                     mask = batch["mask"]
                     is_weights = mb.rollout_weights(micro)  # rollout/trainer correction (None: off)
                     # ALGO LOGIC: loss of one micro-batch (defines `loss` and `metrics`)
                     pg_loss, metrics = policy_loss(
-                        logp, batch["old_logp"], batch["advantages"], mask, tau_pos=args.tau_pos,
-                        tau_neg=args.tau_neg, clip_low=args.clip_ratio_low, clip_high=args.clip_ratio_high,
-                        agg_mode=args.loss_agg_mode,
-                        seq_mask_delta=args.seq_mask_delta if args.use_seq_mask else None, counts=pg_counts,
+                        logp, batch["old_logp"], batch["advantages"], mask,
+                        tau_pos=args.tau_pos, tau_neg=args.tau_neg,
+                        clip_low=args.clip_ratio_low, clip_high=args.clip_ratio_high,
+                        agg_mode=args.loss_agg_mode, counts=pg_counts,
+                        seq_mask_delta=args.seq_mask_delta if args.use_seq_mask else None,
                         is_weights=is_weights)
-                    kl_ref = agg_loss(kl_penalty(logp, batch["ref_logp"], args.kl_estimator), mask,
-                                      args.loss_agg_mode, counts)
+                    update.clip = (args.clip_ratio_low, args.clip_ratio_high)  # env/*/ratio_out_frac
+                    kl_ref = agg_loss(
+                        kl_penalty(logp, batch["ref_logp"], args.kl_estimator), mask, args.loss_agg_mode, counts)
                     entropy_bonus = agg_loss(entropy, mask, args.loss_agg_mode, counts)
                     loss = pg_loss + args.kl_coef * kl_ref - args.entropy_coef * entropy_bonus
-                    metrics.update(pg_loss=pg_loss.detach(), kl_ref=kl_ref.detach(),
-                                   entropy=entropy_bonus.detach())
+                    metrics.update(
+                        pg_loss=pg_loss.detach(), kl_ref=kl_ref.detach(), entropy=entropy_bonus.detach())
                     # END ALGO LOGIC
                     accelerator.backward(loss * micro.weight)  # the losses are shares of the global sum
                 mb.record(micro, loss, metrics, logp)
             grad_norm = float(accelerator.clip_grad_norm_(policy.parameters(), args.max_grad_norm))
             if mb.step_ok(grad_norm):  # every process's loss and the gradient norm are finite
+                # ALGO LOGIC: before the step: extra models' gradients (PPO clips its critic's; none for GRPO)
+                # END ALGO LOGIC
                 optimizer.step()
             else:
                 optimizer.zero_grad(set_to_none=True)  # skip: a bad batch must not poison the weights
         policy.eval()
         backend.wake()
-        push_metrics = backend.push(accelerator.unwrap_model(policy))  # the rollout engine gets the new weights
+        push_metrics = backend.push(accelerator.unwrap_model(policy))  # the new weights to the rollouts
         t_update = time.perf_counter() - t_update
 
-        # ---- metrics, evaluation, alarm and log, checkpoint ---------------------------------------------------
-        metrics_out = update.metrics(episodes=episodes, stats=stats, t_rollout=t_rollout, t_update=t_update,
-                                     push=push_metrics)
+        # ---- metrics, evaluation, alarm and log, checkpoint ----
+        metrics_out = update.iteration_metrics(
+            episodes=episodes, stats=stats, t_rollout=t_rollout, t_update=t_update, push=push_metrics)
         # ALGO LOGIC: method-specific metrics into metrics_out (none for GRPO)
         # END ALGO LOGIC
-        if run.eval_due(iteration):
-            metrics_out.update(rollouts.evaluate(accelerator, backend, tokenizer, evaluation, args.eval.eval_episodes,
-                                                 rank, world, greedy=args.eval.eval_greedy, seed=args.seed))
+        if run.eval_due(iteration):  # held-out episodes, sampled as --eval-* say (arena_train.run)
+            metrics_out.update(run.evaluate())
         action = run.log(iteration, metrics_out)  # the alarm, the logger, the env-failure streak
-        if action == "stop":  # the alarm or failing envs end the run on its last (healthy) checkpoint
+        if action == "stop":  # the alarm or failing envs end the run on its last healthy checkpoint
             break
         if action == "rollback":  # the last healthy checkpoint is back, saved as this iteration's
             push_metrics = backend.push(accelerator.unwrap_model(policy))
             continue
         run.checkpoint(iteration)
 
-    run.finish(policy, tokenizer, backend, rollouts)  # final model, cross-process consistency check, summary
+    run.finish(policy, tokenizer, backend, rollouts)  # final model, consistency check, summary
 
 
 if __name__ == "__main__":

@@ -290,7 +290,7 @@ def lockstep_micro_batches(accelerator, rows: list[Row], max_rows: int,
     count = torch.tensor([len(micro_batches)], device=accelerator.device)
     most = int(accelerator.gather(count).max().item())
     micro_batches += [[] for _ in range(most - len(micro_batches))]
-    local = [any(shared_prefix_lengths(mb or micro_batches[0])) for mb in micro_batches]
+    local = [any(shared_prefix_lengths(micro or micro_batches[0])) for micro in micro_batches]
     if accelerator.num_processes == 1 or most == 0:
         return micro_batches, local
     flags = accelerator.reduce(torch.tensor([0 if f else 1 for f in local], device=accelerator.device),

@@ -8,6 +8,7 @@ A script calls, in order (``algos/grpo.py``):
     rollouts = run.rollouts(...)               # the mixture's envs (env workers, failure policy)
     for iteration in run.iterations(n):        # held-out evaluation at iteration 0, then a progress bar
         ...
+        metrics.update(run.evaluate())         # when run.eval_due(iteration): held-out episodes
         action = run.log(iteration, metrics)   # alarm + logger + env-failure streak: "go", "stop" or "rollback"
         run.checkpoint(iteration)
     run.finish(policy, tokenizer, backend, rollouts)   # final model, consistency check, summary, verdict
@@ -43,6 +44,7 @@ from arena_train.mixture import FailureStreak, Mixture, MixtureRollout, check_re
 from arena_train.monitor import CollapseConfig, CollapseMonitor, checkpoints_to_keep, restore_healthy
 from arena_train.resume import run_name_for, updated_record
 from arena_train.rollout import RolloutConfig
+from arena_train.streams import training_seed
 from arena_train.verdict import run_verdict, verdict_line
 
 #: What a training script writes into its run folder.
@@ -173,7 +175,7 @@ class Run:
     _postfix: dict[str, str] = field(default_factory=dict, repr=False)
 
     @classmethod
-    def start(cls, run: RunArgs, engine: EngineArgs, evaluation: EvalArgs, mixture: Mixture, *, exp_name: str,
+    def start(cls, run: RunArgs, engine: EngineArgs, eval_args: EvalArgs, mixture: Mixture, *, exp_name: str,
               seed: int, model_path: str, num_groups: int, max_prompt_tokens: int, max_response_tokens: int) -> Run:
         """Threads, the run name, ``--dry-run``'s plan (exits), the accelerator, per-process seeds, the run folder
         (``--resume`` / ``--overwrite``); checks that groups and evaluation episodes split over the processes."""
@@ -197,13 +199,13 @@ class Run:
         model_path = resolve_policy_path(model_path)
         accelerator = make_accelerator(engine.mixed_precision)  # FSDP2 also on CPU-only machines (tests)
         world = accelerator.num_processes
-        if num_groups % world or evaluation.eval_episodes % world:
+        if num_groups % world or eval_args.eval_episodes % world:
             raise SystemExit(f"--num-groups and --eval-episodes must be multiples of the {world} processes")
         set_seed(seed + accelerator.process_index)
         run_dir = Path(run.output_dir) / run.run_name
         created = first_missing(run_dir) if accelerator.is_main_process else None
         prepare_run_dir(accelerator, run_dir, run.resume, run.overwrite)
-        new = cls(run, engine, evaluation, mixture, exp_name, seed, model_path, accelerator, run_dir, dtype=(
+        new = cls(run, engine, eval_args, mixture, exp_name, seed, model_path, accelerator, run_dir, dtype=(
             torch.bfloat16 if engine.mixed_precision == "bf16" and torch.cuda.is_available() else torch.float32))
         if created is not None:  # a start-up error from here on must not leave a run behind (see discard_unstarted)
             atexit.register(discard_unstarted, new, created)
@@ -240,13 +242,13 @@ class Run:
         rollouts = MixtureRollout(self.mixture, make_env, num_groups // self.world, group_size,
                                   max(self.eval.eval_episodes // self.world, 1), self.eval.eval_split,
                                   env_workers=e.env_workers, step_timeout=e.env_step_timeout,
-                                  env_servers=e.env_servers)
+                                  env_servers=e.env_servers, overlap_turns=e.overlap_turns)
         rollouts.require_prompts_fit(tokenizer, sampling, seed=self.seed)
         self.env_failures = FailureStreak(e.max_env_failures, rollouts)
         rollouts.recorder = EpisodeRecorder(self.run.log_episodes if self.accelerator.is_main_process else 0)
         self._tokenizer, self._rollouts = tokenizer, rollouts
         self._eval_sampling = replace(sampling, temperature=self.eval.eval_temperature, top_p=self.eval.eval_top_p,
-                                      top_k=self.eval.eval_top_k)  # the scripts' `evaluation`
+                                      top_k=self.eval.eval_top_k)  # training's, with the --eval-* sampling
         return rollouts
 
     def resume(self, collapse: CollapseConfig, optimizer, config: dict[str, Any]) -> int:
@@ -289,9 +291,7 @@ class Run:
         if self.start_iteration > 1:
             self._drop_episodes_from(self.start_iteration)
         elif self.eval_due(0) and self._rollouts is not None and self._backend is not None:
-            metrics = self._rollouts.evaluate(self.accelerator, self._backend, self._tokenizer, self._eval_sampling,
-                                              self.eval.eval_episodes, self.rank, self.world,
-                                              greedy=self.eval.eval_greedy, seed=self.seed)
+            metrics = self.evaluate()
             if self.logger is not None:
                 self.logger.log(0, metrics)
             self._record(0, metrics)
@@ -299,7 +299,24 @@ class Run:
                          total=num_iterations, desc=self.exp_name, disable=not self.accelerator.is_main_process)
         if self._postfix:
             self._bar.set_postfix(self._postfix, refresh=False)
-        return iter(self._bar)
+        return self._streamed(iter(self._bar))
+
+    def _streamed(self, iterations: Iterator[int]) -> Iterator[int]:
+        """``iterations``, each first setting the training rollouts' per-episode streams of that iteration
+        (``--episode-streams``: ``arena_train.streams.training_seed``; off: the backend's own stream)."""
+        for iteration in iterations:
+            if self._rollouts is not None:
+                self._rollouts.sampling_seed = (training_seed(self.seed, iteration) if self.engine.episode_streams
+                                                else None)
+            yield iteration
+
+    def evaluate(self) -> dict[str, float]:
+        """Held-out evaluation of the current weights (``eval/*``): ``--eval-episodes`` episodes of the held-out
+        split, sampled with the training settings but ``--eval-temperature``/``--eval-top-p``/``--eval-top-k``
+        (``--eval-greedy``: greedy), through the rollout engine and envs of ``rollout_backend`` and ``rollouts``."""
+        return self._rollouts.evaluate(self.accelerator, self._backend, self._tokenizer, self._eval_sampling,
+                                       self.eval.eval_episodes, self.rank, self.world,
+                                       greedy=self.eval.eval_greedy, seed=self.seed)
 
     def eval_due(self, iteration: int) -> bool:
         """Held-out evaluation at the start (iteration 0: ``iterations`` runs it), every ``--eval-every``

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from arena_train.batching import fill_old_logp, lockstep_micro_batches, loss_counts, make_batch
+from arena_train.cli import EngineArgs
 from arena_train.logger import env_metrics, iteration_metrics
 from arena_train.mixture import EnvRatios
 from arena_train.rollout import Row
@@ -127,7 +128,8 @@ class MiniBatch:
         if micro.rows:
             u.tokens += int(micro.batch["attention_mask"].sum())
             if u.env_ratios is not None:  # each env's importance ratios apart (env/<name>/*)
-                u.env_ratios.add(micro.rows, logp, micro.batch["old_logp"], micro.batch["mask"], *u.clip)
+                band = u.clip or (math.inf, math.inf)  # no clip band: approx_kl only
+                u.env_ratios.add(micro.rows, logp, micro.batch["old_logp"], micro.batch["mask"], *band)
         for key, value in metrics.items():
             kind = "loss_term" if key in LOSS_METRICS else None
             if isinstance(value, Declared):
@@ -157,18 +159,22 @@ class MiniBatch:
 class Update:
     """The update of every iteration of a run: its batching settings and one iteration's accounting.
 
-    ``max_len`` is Dr.GRPO's constant length (the most policy tokens a row can hold); ``rollout_is`` /
-    ``rollout_is_cap`` the correction (``--rollout-is``); ``other_engine`` whether the rollout's log-probs come
-    from another engine or precision (measured even without a correction); ``env_names`` the mixture's envs
-    (several: ``env/<name>/*`` ratios, outside ``clip``'s band)."""
+    ``engine`` (``arena_train.cli.EngineArgs``) gives the micro-batch caps (``--micro-batch-size``,
+    ``--micro-batch-tokens``) and the rollout/trainer correction (``--rollout-is``, ``--rollout-is-cap``);
+    ``max_len`` is Dr.GRPO's constant length (the most policy tokens a row can hold); ``other_engine`` whether
+    the rollout's log-probs come from another engine or precision (measured even without a correction);
+    ``env_names`` the mixture's envs (several: ``env/<name>/*`` ratios). ``clip`` (eps_low, eps_high) is the band
+    of ``env/<name>/ratio_out_frac``: a method that clips sets it where it builds its loss (``update.clip = ...``),
+    so that the loop outside the blocks needs no clip field; without it, no ``ratio_out_frac`` is logged."""
 
-    def __init__(self, accelerator, *, micro_batch_size: int, micro_batch_tokens: int, pad_id: int, max_len: int,
-                 rollout_is: str, rollout_is_cap: float, other_engine: bool, env_names: Sequence[str],
-                 clip: tuple[float, float]):
+    def __init__(self, accelerator, engine: EngineArgs, *, pad_id: int, max_len: int, other_engine: bool,
+                 env_names: Sequence[str]):
         self.accelerator, self.device, self.world = accelerator, accelerator.device, accelerator.num_processes
-        self.micro_batch_size, self.micro_batch_tokens, self.pad_id = micro_batch_size, micro_batch_tokens, pad_id
-        self.max_len, self.rollout_is, self.rollout_is_cap = max_len, rollout_is, rollout_is_cap
-        self.other_engine, self.env_names, self.clip = other_engine, tuple(env_names), clip
+        self.micro_batch_size, self.micro_batch_tokens = engine.micro_batch_size, engine.micro_batch_tokens
+        self.pad_id, self.max_len = pad_id, max_len
+        self.rollout_is, self.rollout_is_cap = engine.rollout_is, engine.rollout_is_cap
+        self.other_engine, self.env_names = other_engine, tuple(env_names)
+        self.clip: tuple[float, float] | None = None
         self.rows: list[Row] = []
         self.counted: set[str] = set()
         self._statistics: dict[str, tuple[float, float, str]] = {}
@@ -211,8 +217,8 @@ class Update:
             for index in np.array_split(np.array(order, dtype=np.int64), n_minibatches):
                 yield MiniBatch(self, [rows[j] for j in index])
 
-    def metrics(self, *, episodes: list, stats: dict[str, float], t_rollout: float, t_update: float,
-                push: dict[str, float]) -> dict[str, float]:
+    def iteration_metrics(self, *, episodes: list, stats: dict[str, float], t_rollout: float, t_update: float,
+                          push: dict[str, float]) -> dict[str, float]:
         """The iteration's metrics, pooled over the processes (docs/metrics.md): ``rollout/*``, ``actor/*``,
         ``perf/*``, each env's in a mixture, the weight push's (``push``), ``rollout_is/*`` and the method's own
         (``statistic``)."""
@@ -222,7 +228,8 @@ class Update:
                                 count_keys=(*COUNT_METRICS, *sorted(self.counted)))
         if self.env_ratios is not None:  # env/<name>/*: every env of the mixture apart
             out.update(env_metrics(self.accelerator, self.env_names, episodes=episodes, rows=self.rows))
-            out.update(self.env_ratios.metrics(self.accelerator, self.env_names))
+            ratios = self.env_ratios.metrics(self.accelerator, self.env_names)
+            out.update({k: v for k, v in ratios.items() if self.clip or not k.endswith("/ratio_out_frac")})
         out.update(push)
         out.update(pooled_mismatch(self.accelerator, self.mismatch))  # every process holds rows, so values
         out.update(self._reduced_statistics())  # the method's own (Update.statistic)

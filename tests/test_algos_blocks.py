@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import ast
 import difflib
+import re
+import textwrap
 from pathlib import Path
 
 import pytest
 from conftest import ALGOS, START, load_script, method_scripts, split_blocks
 
+import arena_train.batching
+import arena_train.update
 from arena_train.cli import flat_args
 
 ROOT = ALGOS.parent
@@ -115,3 +119,95 @@ def test_no_script_imports_and_no_path_hacks(path):
 def test_scripts_import_only_the_shared_module_and_the_envs(name):
     project = {p.name for p in ROOT.iterdir() if (p / "__init__.py").exists()} | {"algos"}
     assert imported_modules(ALGOS / f"{name}.py") & project <= {"arena_train", "wrappers", "arena_envs"}
+
+
+SCRIPTS = sorted({"grpo", *METHODS, *scripts_with_blocks()})
+
+
+def nested_imports(tree: ast.AST) -> list[int]:
+    """Lines of the import statements below module level (in a function, loop, ``if`` or ``with``)."""
+    top = {id(node) for node in getattr(tree, "body", [])}
+    return sorted(node.lineno for node in ast.walk(tree)
+                  if isinstance(node, (ast.Import, ast.ImportFrom)) and id(node) not in top)
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_every_import_sits_at_the_top_of_the_script(name):
+    """A method's own imports go in its imports block at the top, never into a function or the loop: the text
+    outside the blocks is grpo.py's, so an import a method needs has exactly one place."""
+    lines = nested_imports(ast.parse((ALGOS / f"{name}.py").read_text()))
+    assert not lines, f"{name}.py imports inside a function or the loop at lines {lines}: move them into its " \
+                      "'# ALGO LOGIC: imports' block"
+
+
+def test_nested_imports_are_found():
+    """The check above sees an import in a function and in a loop, and none at the top."""
+    tree = ast.parse("import os\ndef f():\n    import sys\nfor _ in ():\n    from math import pi\n")
+    assert nested_imports(tree) == [3, 5]
+
+
+def block_fields(text: str) -> set[str]:
+    """The ``Args`` fields declared inside ALGO LOGIC blocks (a method's own hyper-parameters)."""
+    _, blocks = split_blocks(text)
+    return {node.target.id for block in blocks for node in ast.walk(ast.parse(textwrap.dedent(block)))
+            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)}
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_the_skeleton_reads_no_field_of_a_method(name):
+    """Outside its blocks a script reads only the shared fields of ``Args``: a fork may delete any field of its
+    hyper-parameter block (a method that does not clip has no clip fields) and the loop still runs."""
+    text = (ALGOS / f"{name}.py").read_text()
+    outside, _ = split_blocks(text)
+    read = set(re.findall(r"\bargs\.(\w+)", "".join(outside))) & block_fields(text)
+    assert not read, f"the loop outside the blocks reads method fields {sorted(read)}"
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_one_temperature_source(name):
+    """The training temperature is read once, into ``sampling``: generation and every log-prob (scoring, the
+    update, a method's own passes) take ``sampling.temperature``, so they cannot drift apart."""
+    text = (ALGOS / f"{name}.py").read_text()
+    assert text.count("args.temperature") == 1 and "temperature=args.temperature" in text
+    calls = [node for node in ast.walk(ast.parse(text)) if isinstance(node, ast.Call)
+             and dotted(node.func) in ("sequence_logprobs", "score_rows")]
+    assert calls
+    for call in calls:
+        positional = call.args[2:3] if dotted(call.func) == "sequence_logprobs" else []  # (model, batch, temp)
+        given = [ast.unparse(a) for a in positional] + [ast.unparse(k.value) for k in call.keywords
+                                                        if k.arg == "temperature"]
+        assert given == ["sampling.temperature"], f"line {call.lineno}: {ast.unparse(call)[:120]}"
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_no_hidden_optimizer_hooks(name):
+    """Every gradient step is visible in the loop: no script hooks the optimizer or a tensor (PPO clips its
+    critic's gradient in the block before ``optimizer.step()``)."""
+    hooks = {u for u in attribute_uses(ALGOS / f"{name}.py") if ".register_" in u and "hook" in u}
+    assert not hooks, hooks
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_names_do_not_collide(name):
+    """``metrics`` is the micro-batch's dict and ``update`` the ``Update`` (its iteration's metrics come from
+    ``update.iteration_metrics``); ``evaluation`` is not a script's name (``EvalArgs`` is ``args.eval``)."""
+    text = (ALGOS / f"{name}.py").read_text()
+    assert "update.metrics(" not in text
+    assigned = {t.id for node in ast.walk(ast.parse(text)) if isinstance(node, ast.Assign)
+                for t in node.targets if isinstance(t, ast.Name)}
+    assert "evaluation" not in assigned
+
+
+def test_mb_is_a_mini_batch_everywhere():
+    """``mb`` names a mini-batch in the scripts (``for mb in update.minibatches``); the shared module's micro-batches
+    are ``micro``, never ``mb``."""
+    for module in (arena_train.batching, arena_train.update):
+        names = {node.id for node in ast.walk(ast.parse(Path(module.__file__).read_text()))
+                 if isinstance(node, ast.Name)}
+        assert "mb" not in names, module.__name__
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_script_lengths(name):
+    """A script reads in one sitting: grpo.py at most 400 lines, a method at most 500."""
+    assert len((ALGOS / f"{name}.py").read_text().splitlines()) <= (400 if name == "grpo" else 500)

@@ -14,11 +14,12 @@ import numpy as np
 import pytest
 from conftest import needs_accelerate, two_process_launch
 
+from arena_train.cli import EngineArgs
 from arena_train.update import Update, count, loss_term
 
 ROOT = Path(__file__).resolve().parents[1]
 ADVANTAGES = "        spread_advantages(rows, segments, advantages)\n"
-#: Block 7 of the fork, after GRPO's advantages: a turn bonus, two statistics and the rows for the hand check.
+#: Block 8 of the fork, after GRPO's advantages: a turn bonus, two statistics and the rows for the hand check.
 FORK_ADVANTAGES = ADVANTAGES + '''\
         for row in rows:
             row.advantage = row.advantage + 0.1 * row.turn
@@ -29,9 +30,9 @@ FORK_ADVANTAGES = ADVANTAGES + '''\
                  order=np.array(orders[0]), n_minibatches=n_minibatches)
 '''
 LOSS = "                    loss = pg_loss + args.kl_coef * kl_ref - args.entropy_coef * entropy_bonus\n"
-#: Block 9 of the fork: the squared advantage as a loss term (no gradient: it tests the bookkeeping) and a count.
+IMPORTS = "from arena_train.rewards import segment_scores, spread_advantages\n"
+#: Block 10 of the fork: the squared advantage as a loss term (no gradient: it tests the bookkeeping) and a count.
 FORK_LOSS = '''\
-                    from arena_train.update import count, loss_term
                     adv_sq = agg_loss(batch["advantages"] ** 2 + 0.0 * logp, mask, args.loss_agg_mode, counts)
                     loss = pg_loss + args.kl_coef * kl_ref - args.entropy_coef * entropy_bonus + adv_sq
                     metrics.update(adv_sq=loss_term(adv_sq.detach()), long_rows=count((mask.sum(-1) > 3).sum()))
@@ -40,7 +41,8 @@ FORK_LOSS = '''\
 
 def fork() -> str:
     text = (ROOT / "algos" / "grpo.py").read_text()
-    assert text.count(ADVANTAGES) == 1 and text.count(LOSS) == 1
+    assert text.count(ADVANTAGES) == 1 and text.count(LOSS) == 1 and text.count(IMPORTS) == 1
+    text = text.replace(IMPORTS, IMPORTS + "from arena_train.update import count, loss_term\n")  # block 2
     return text.replace(ADVANTAGES, FORK_ADVANTAGES).replace(LOSS, FORK_LOSS)
 
 
@@ -95,8 +97,7 @@ class OneProcess:
 
 
 def test_statistics_reduce_as_declared_and_refuse_an_unknown_reduction():
-    update = Update(OneProcess(), micro_batch_size=1, micro_batch_tokens=0, pad_id=0, max_len=1, rollout_is="none",
-                    rollout_is_cap=1.0, other_engine=False, env_names=["a"], clip=(0.2, 0.2))
+    update = Update(OneProcess(), EngineArgs(), pad_id=0, max_len=1, other_engine=False, env_names=["a"])
     update.statistic("m/mean", 3.0, weight=5)
     update.statistic("m/sum", 2.0, reduce="sum")
     update.statistic("m/min", -1.0, reduce="min")

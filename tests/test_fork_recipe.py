@@ -12,6 +12,8 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
+from conftest import ALGOS, split_blocks
+
 from arena_train.rows import Row
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,3 +76,23 @@ def test_a_copy_of_grpo_made_by_the_readme_recipe_is_adopted_by_the_tests(tmp_pa
     for test in ("test_algos_smoke.py::test_script_runs_two_iterations[mymethod]",
                  "test_reference_update.py::test_a_fork_matches_its_familys_reference[mymethod]"):
         assert test in collected, collected[-2000:]
+
+
+def changed_blocks(name: str) -> list[int]:
+    """The numbers of the blocks of ``algos/<name>.py`` whose text differs from grpo.py's."""
+    _, grpo = split_blocks((ALGOS / "grpo.py").read_text())
+    _, mine = split_blocks((ALGOS / f"{name}.py").read_text())
+    return [k for k, (a, b) in enumerate(zip(grpo, mine), start=1) if a != b]
+
+
+def test_the_block_numbers_in_the_docs_are_the_scripts():
+    """docs/algorithms.md's block table has one row per block of grpo.py, and each method's "**Changes:** blocks
+    ..." names exactly the blocks in which its script differs from grpo.py (adding a block renumbers them all)."""
+    doc = DOC.read_text()
+    _, blocks = split_blocks((ALGOS / "grpo.py").read_text())
+    table = doc[doc.index("## Forking a script"):doc.index("What the blocks can rely on")]
+    assert re.findall(r"^\| (\d+) \|", table, flags=re.M) == [str(k) for k in range(1, len(blocks) + 1)]
+    sections = re.findall(r"^### [^\n]*\(`algos/(\w+)\.py`\)[^\n]*\n\n- \*\*Changes:\*\* blocks ([\d, ]+)", doc, re.M)
+    assert {name for name, _ in sections} >= {"gspo", "sapo", "cispo", "gigpo", "empg", "dapo", "sampo", "rloo", "ppo"}
+    for name, listed in sections:
+        assert [int(k) for k in listed.split(",")] == changed_blocks(name), f"algos/{name}.py: {changed_blocks(name)}"

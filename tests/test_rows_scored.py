@@ -84,10 +84,8 @@ def test_rows_never_scored_keep_their_defaults():
     assert r.old_logp is None
 
 
-#: Block 7 of the fork: GRPO's advantage, shaped by each row's old entropy and mean old log-prob.
+#: Block 8 of the fork: GRPO's advantage, shaped by each row's old entropy and mean old log-prob.
 FORK_ADVANTAGE = '''\
-        from arena_train.batching import score_all
-        from arena_train.rewards import segment_scores, spread_advantages
         score_all(rows)  # every row's old_logp and entropy now, the first mini-batch's included
         segments = segment_scores(rows, args.reward_density)
         spread_advantages(rows, segments, compute_advantages(segments.score, segments.group, segments.episode))
@@ -104,6 +102,9 @@ def fork(text: str, up_front: bool) -> str:
     head, rest = text.split("        # ALGO LOGIC: scores and advantages of the rows (into `row.advantage`)\n")
     _, tail = rest.split("        # END ALGO LOGIC\n", 1)
     text = f"{head}        # ALGO LOGIC: entropy-shaped advantages\n{FORK_ADVANTAGE}        # END ALGO LOGIC\n{tail}"
+    imports = "from arena_train.rewards import segment_scores, spread_advantages\n"  # block 2: its imports
+    assert text.count(imports) == 1
+    text = text.replace(imports, "from arena_train.batching import score_all\n" + imports)
     assert text.count(SKIP) == 1
     return text.replace(SKIP, "skip_policy=frozenset()") if up_front else text
 
