@@ -8,9 +8,13 @@ gets a fresh env (made on its next reset); nothing raises out of a batch, so one
 (``wrappers.groups`` turns the error into a failed episode).
 
 ``EnvPool`` sends a batch to every addressed worker before reading any answer, so engines step in parallel. Slot
-``i`` lives on worker ``i % workers``; a worker steps its slots one after the other. A worker that dies (a
-segfault in a native engine, an OOM kill) or runs past ``timeout`` seconds per step is killed and restarted:
-its addressed slots fail with that error, and its other slots (their envs are gone) fail on their next step.
+``i`` lives on worker ``i % workers``; a worker steps its slots one after the other. ``submit_many`` sends a batch
+and returns at once (a ``Pending``), ``collect`` waits for its results: the trainer generates for other episodes
+meanwhile (``--overlap-turns``). A worker answers its batches in the order it received them, so several may be
+pending at once; ``step_many`` is ``collect(submit_many(...))``. ``LocalEnvs`` steps at ``submit_many``.
+A worker that dies (a segfault in a native engine, an OOM kill) or runs past ``timeout`` seconds per step is killed
+and restarted: its pending slots fail with that error, and its other slots (their envs are gone) fail on their
+next step.
 Workers are daemon processes that also leave when their pipe closes, so they end with the trainer on any exit
 path; ``close`` (also at interpreter exit) ends them at once.
 
@@ -30,8 +34,9 @@ import multiprocessing as mp
 import time
 import traceback
 import weakref
+from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from typing import Any
 
@@ -47,6 +52,17 @@ class EnvError:
     kind: str
     error: str
     traceback: str = ""
+
+
+@dataclass(eq=False)
+class Pending:
+    """A batch sent to the envs and not collected yet: ``results`` so far (slot -> result) and, per worker, its share
+    still unanswered (``EnvPool``) with that share's deadline (monotonic seconds; None: no timeout)."""
+
+    cmd: str
+    results: dict[int, Any] = field(default_factory=dict)
+    shares: dict[int, dict[int, Any]] = field(default_factory=dict)
+    deadlines: dict[int, float | None] = field(default_factory=dict)
 
 
 def _exception_error(exc: BaseException) -> EnvError:
@@ -75,6 +91,13 @@ class LocalEnvs:
 
     def step_many(self, actions: Mapping[int, Any]) -> dict[int, Any]:
         return {i: self._run(i, lambda env, a=a: env.step(a)) for i, a in sorted(actions.items())}
+
+    def submit_many(self, actions: Mapping[int, Any]) -> Pending:
+        """``step_many`` now (in this process there is nothing to overlap with), its results kept for ``collect``."""
+        return Pending("step", self.step_many(actions))
+
+    def collect(self, pending: Pending) -> dict[int, Any]:
+        return pending.results
 
     def _run(self, i: int, fn):
         try:
@@ -176,6 +199,7 @@ class EnvPool:
             self._ctx.set_forkserver_preload(self.preload)
         self._procs: list = [None] * self.workers
         self._conns: list = [None] * self.workers
+        self._queues: list[deque[Pending]] = [deque() for _ in range(self.workers)]  # sent, unanswered, in order
         self._lost: dict[int, EnvError] = {}  # slots whose env died with its worker, until their next reset
         self._attrs: dict[str, bool] | None = None
         self._proxies = [SlotProxy(self, i) for i in range(self.slots)]
@@ -202,7 +226,8 @@ class EnvPool:
         self._procs[w], self._conns[w] = proc, parent
 
     def _restart(self, w: int, error: EnvError) -> None:
-        """Kill worker ``w`` and start a fresh one; its slots' envs are gone (``_lost`` until reset)."""
+        """Kill worker ``w`` and start a fresh one; its slots' envs are gone (``_lost`` until reset), and every batch
+        share still pending on it fails with ``error``."""
         self._conns[w].close()
         if self._procs[w].is_alive():
             self._procs[w].kill()
@@ -210,61 +235,80 @@ class EnvPool:
         self.restarts += 1
         for slot in range(w, self.slots, self.workers):
             self._lost[slot] = error
+        while self._queues[w]:
+            pending = self._queues[w].popleft()
+            for slot in pending.shares.pop(w):
+                pending.results[slot] = error
         self._start(w)
 
-    def _batch(self, cmd: str, payload: Mapping[int, Any]) -> dict[int, Any]:
-        """Send each worker its share of ``payload`` at once, then gather: results or ``EnvError`` per slot."""
-        out: dict[int, Any] = {}
+    def submit_many(self, actions: Mapping[int, Any], cmd: str = "step") -> Pending:
+        """Send each worker its share of ``actions`` (``cmd`` "step", or "reset" with reset kwargs) and return
+        without waiting; ``collect`` gives the results."""
+        pending = Pending(cmd)
         shares: dict[int, dict[int, Any]] = {}
-        for slot, value in payload.items():
+        for slot, value in actions.items():
             if not 0 <= slot < self.slots:
                 raise ValueError(f"slot {slot} out of range (pool of {self.slots})")
             if cmd == "step" and slot in self._lost:
-                out[slot] = self._lost[slot]
+                pending.results[slot] = self._lost[slot]
                 continue
             shares.setdefault(self.worker_of(slot), {})[slot] = value
-        start, pending, deadline = time.monotonic(), {}, {}
+        now = time.monotonic()
         for w, share in shares.items():
             try:
                 self._conns[w].send((cmd, share))
-                pending[self._conns[w]] = w
             except (BrokenPipeError, ConnectionResetError, OSError):
-                self._fail(w, share, self._crash_error(w), out)
-            if self.timeout is not None:
-                deadline[w] = start + self.timeout * len(share)
-        while pending:
-            wait_s = None if self.timeout is None else max(0.0, min(deadline[w] for w in pending.values())
-                                                             - time.monotonic())
-            ready = wait(list(pending), timeout=wait_s)
+                error = self._crash_error(w)
+                self._restart(w, error)
+                pending.results.update(dict.fromkeys(share, error))
+                continue
+            pending.shares[w] = share
+            if self.timeout is None:
+                pending.deadlines[w] = None
+            else:  # the worker starts on this share when the ones queued before it are answered
+                queued = [p.deadlines[w] for p in self._queues[w]]
+                pending.deadlines[w] = max([now, *queued]) + self.timeout * len(share)
+            self._queues[w].append(pending)
+        return pending
+
+    def collect(self, pending: Pending) -> dict[int, Any]:
+        """Wait for every share of ``pending`` (answers to batches sent before it are kept for their own
+        ``collect``): results or ``EnvError`` per slot. A worker that dies, or passes a share's deadline, is
+        restarted and its pending shares fail (``crash``, ``timeout``)."""
+        while pending.shares:
+            conns = {self._conns[w]: w for w in pending.shares}
+            heads = [self._queues[w][0].deadlines[w] for w in conns.values()]
+            wait_s = None if None in heads else max(0.0, min(heads) - time.monotonic())
+            ready = wait(list(conns), timeout=wait_s)
             for conn in ready:
-                w = pending.pop(conn)
+                w = conns[conn]
                 try:
                     answers = conn.recv()
                 except (EOFError, ConnectionResetError, OSError):
-                    self._fail(w, shares[w], self._crash_error(w), out)
+                    self._restart(w, self._crash_error(w))
                     continue
+                head = self._queues[w].popleft()
+                head.shares.pop(w)
                 for slot, (status, value) in answers.items():
-                    out[slot] = value
-                    if cmd == "reset" and status == "ok":
+                    head.results[slot] = value
+                    if head.cmd == "reset" and status == "ok":
                         self._lost.pop(slot, None)
-            if not ready:  # past a deadline: those workers hang
+            if not ready:  # past a deadline: that worker hangs
                 now = time.monotonic()
-                for conn, w in list(pending.items()):
-                    if now >= deadline[w]:
-                        del pending[conn]
-                        self._fail(w, shares[w], EnvError(
-                            "timeout", f"no answer within --env-step-timeout {self.timeout:g} s per step "
-                                       f"(worker {w} killed)"), out)
-        return out
+                for w in list(conns.values()):
+                    deadline = self._queues[w][0].deadlines[w] if self._queues[w] else None
+                    if deadline is not None and now >= deadline:
+                        self._restart(w, EnvError("timeout", f"no answer within --env-step-timeout "
+                                                             f"{self.timeout:g} s per step (worker {w} killed)"))
+        return pending.results
+
+    def _batch(self, cmd: str, payload: Mapping[int, Any]) -> dict[int, Any]:
+        """Send each worker its share of ``payload`` at once, then gather: results or ``EnvError`` per slot."""
+        return self.collect(self.submit_many(payload, cmd))
 
     def _crash_error(self, w: int) -> EnvError:
         self._procs[w].join(timeout=1)
         return EnvError("crash", f"worker {w} died (exit code {self._procs[w].exitcode})")
-
-    def _fail(self, w: int, share: Mapping[int, Any], error: EnvError, out: dict[int, Any]) -> None:
-        self._restart(w, error)
-        for slot in share:
-            out[slot] = error
 
     def reset_many(self, requests: Mapping[int, dict]) -> dict[int, Any]:
         return self._batch("reset", requests)
@@ -273,6 +317,8 @@ class EnvPool:
         return self._batch("step", actions)
 
     def _call(self, w: int, cmd: str, payload: Any):
+        while self._queues[w]:  # the worker answers in order: its pending batches first
+            self.collect(self._queues[w][0])
         try:
             self._conns[w].send((cmd, payload))
             status, value = self._conns[w].recv()

@@ -107,6 +107,13 @@ class EngineArgs:
     """seconds an env step or reset may take in a worker before its episode fails (workers only)"""
     max_env_failures: int = 5
     """stop the run after this many consecutive iterations whose env errors dropped a group (0 = never)"""
+    episode_streams: bool = False
+    """each training episode samples from its own stream (run seed, iteration, task seed, sample, turn): a row's
+    tokens do not depend on the batch, env workers or processes; turning it on changes a run's sampled numbers once
+    (docs/runs.md, "Episode streams")"""
+    overlap_turns: bool = False
+    """with --episode-streams and env workers: two cohorts of episodes alternate, one generating while the other's
+    envs step; the same tokens as the lockstep rollout ("step" rows only)"""
 
 
 @tyro.conf.configure(tyro.conf.OmitArgPrefixes)  # flags keep their names
@@ -190,6 +197,8 @@ def args_problem(args: Any) -> str | None:
         from arena_envs.pool import servers_problem
 
         problem = servers_problem(args.env_servers, getattr(args, "env_id", ""))
+    if problem is None and getattr(args, "overlap_turns", False):
+        problem = overlap_problem(args)
     if problem is None and getattr(args, "rollout_is_cap", 1.0) < 1.0:
         problem = f"error: --rollout-is-cap must be >= 1 (got {args.rollout_is_cap}): an exact match must keep weight 1"
     if problem is None and hasattr(method, "method_problem"):  # a method's own combinations (its Args block)
@@ -204,6 +213,26 @@ def args_problem(args: Any) -> str | None:
 
         problem = wandb_problem()
     return problem
+
+
+def overlap_problem(args: Any) -> str | None:
+    """Why ``--overlap-turns`` cannot apply to the flat ``args``, or None: its rows are the lockstep rollout's only
+    with per-episode streams, it overlaps generation with env workers (or servers) only, and it plays the "step"
+    row layout."""
+    from arena_envs import auto_env_workers
+
+    if not getattr(args, "episode_streams", False):
+        return "error: --overlap-turns needs --episode-streams (without them a row's tokens depend on the cohorts)"
+    env_ids = getattr(args, "env_id", None) or []
+    workers = getattr(args, "env_workers", 0)
+    if workers < 0:  # auto: workers for the native engines only (every env of a mixture must have them)
+        ids = [env_ids] if isinstance(env_ids, str) else list(env_ids)
+        workers = min((auto_env_workers(e, 2) for e in ids), default=0)
+    if workers == 0 and not getattr(args, "env_servers", ()):
+        return "error: --overlap-turns needs env workers (--env-workers N >= 1) or --env-servers to step the envs in"
+    if getattr(args, "row_layout", "step") != "step":
+        return "error: --overlap-turns plays the 'step' row layout only (--row-layout step)"
+    return None
 
 
 def gpu_warning(args: Any) -> str | None:

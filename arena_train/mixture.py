@@ -241,6 +241,10 @@ class MixtureRollout:
     ``step_timeout`` (``--env-step-timeout``, workers only): seconds a step may take before its episode fails.
     ``env_servers`` (``--env-servers``): OpenEnv server URLs that play the training episodes
     (``arena_envs.pool.EnvServers``); held-out evaluation stays in this machine's envs.
+    ``sampling_seed``: the training rollouts' per-episode streams of the current iteration
+    (``arena_train.streams.training_seed``, which ``Run.iterations`` sets with ``--episode-streams``); None: the
+    backend's own stream. ``overlap_turns`` (``--overlap-turns``): training rollouts overlap generation with env
+    steps (``collect_rows``' ``overlap``).
 
     The training envs of an env are made when an iteration first draws that many of its groups (for one id:
     all of them here, as ``GroupRollout`` did) and reused afterwards. ``close`` ends the workers (they also end
@@ -251,8 +255,10 @@ class MixtureRollout:
 
     def __init__(self, mixture: Mixture, make_env: Callable[..., Any], num_groups: int, group_size: int,
                  eval_episodes: int, eval_split: str | None = None, env_workers: int = 0,
-                 step_timeout: float | None = None, env_servers: Sequence[str] = ()):
+                 step_timeout: float | None = None, env_servers: Sequence[str] = (), overlap_turns: bool = False):
         self.mixture, self.make_env, self.env_servers = mixture, make_env, list(env_servers)
+        self.overlap_turns = overlap_turns
+        self.sampling_seed: int | None = None
         self.num_groups, self.group_size = num_groups, group_size
         self._rollouts: dict[tuple[int, int], GroupRollout] = {}
         self.recorder: EpisodeRecorder | None = None
@@ -317,7 +323,8 @@ class MixtureRollout:
             rollout = self.rollout(k, len(seeds))
             tap = TurnTap(rollout) if self.recorder is not None and self.recorder.train_wanted > 0 else None
             env_rows, env_episodes = collect_rows(backend, tokenizer, tap or rollout, seeds,
-                                                  self.mixture.rollout_config(k, config), stats, greedy, offset)
+                                                  self.mixture.rollout_config(k, config), stats, greedy, offset,
+                                                  sampling_seed=self.sampling_seed, overlap=self.overlap_turns)
             tagged = [_tagged(EnvRow, r, env=name) for r in env_rows]
             if tap is not None:  # the tagged rows are those the script fills with advantages
                 self.recorder.add_train(env_id=self.mixture.env_ids[k], split="train", tap=tap, episodes=env_episodes,

@@ -3,6 +3,7 @@ and prompt encoding live in ``arena_train.rows``, shared with the trajectory lay
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -84,7 +85,7 @@ def held_out_seeds(num_episodes: int, rank: int, world: int) -> list[int]:
 
 
 def collect_rows(backend, tokenizer, rollout, seeds: list[int], config: RolloutConfig, stats: dict[str, float],
-                 greedy: bool = False, id_offset: int = 0, sampling_seed: int | None = None
+                 greedy: bool = False, id_offset: int = 0, sampling_seed: int | None = None, overlap: bool = False
                  ) -> tuple[list[Row], list[Any]]:
     """Play every episode of ``rollout`` (a ``wrappers.GroupRollout``) on ``seeds`` to the end, batching all active
     episodes into one ``backend.generate`` call per turn.
@@ -100,10 +101,17 @@ def collect_rows(backend, tokenizer, rollout, seeds: list[int], config: RolloutC
     never trained on) skip that work. ``config.row_layout == "trajectory"`` gives one row per
     episode instead (``arena_train.trajectory.collect_trajectories``).
 
-    ``sampling_seed`` (held-out evaluation): sampled responses draw from per-episode streams, each request passing
-    the backend ``seeds=`` ``arena_train.streams.episode_sampling_seeds`` (of this seed, the episode's task seed,
-    its index within its group and the turn), so an episode's tokens do not depend on the episodes batched with
-    it; None (training): the backend's own stream, and no ``seeds`` argument.
+    ``sampling_seed``: sampled responses draw from per-episode streams, each request passing the backend ``seeds=``
+    ``arena_train.streams.episode_sampling_seeds`` (of this seed, the episode's task seed, its index within its
+    group and the turn), so an episode's tokens do not depend on the episodes batched with it. Held-out evaluation
+    passes the run seed, training with ``--episode-streams`` ``arena_train.streams.training_seed`` (run seed,
+    iteration); None (training by default): the backend's own stream, and no ``seeds`` argument.
+
+    ``overlap`` (``--overlap-turns``, "step" layout, per-episode streams or greedy decoding): the episodes are
+    played in two cohorts that alternate, so that while one cohort's envs step in the env workers
+    (``GroupRollout.start_step``) the model generates for the other. Each episode sees the same prompts, streams
+    and env answers as in the lockstep loop (every active episode generates, then every env steps), so the rows
+    are the same, in the same order (by turn, then episode).
 
     The failure policy: a group with a failed episode (an env error: exception, crashed worker, timeout) never
     reaches the update half played, which would put a zero-reward row in its baseline. Its rows and episodes are
@@ -112,11 +120,16 @@ def collect_rows(backend, tokenizer, rollout, seeds: list[int], config: RolloutC
     ``dropped_groups``; the episodes returned are those of the groups kept.
     """
     if config.row_layout == "trajectory":
+        if overlap:
+            raise ValueError("overlapped turns play the 'step' row layout only")
         play = collect_trajectories
     elif config.row_layout == "step":
-        play = _collect_steps
+        play = functools.partial(_collect_steps, overlap=overlap)
     else:
         raise ValueError(f"row_layout must be 'step' or 'trajectory', got {config.row_layout!r}")
+    if overlap and sampling_seed is None and not greedy:
+        raise ValueError("overlapped turns need per-episode streams (sampling_seed): with the backend's own stream "
+                         "a row's tokens would depend on the order the cohorts generate in")
     rows, episodes = play(backend, tokenizer, rollout, seeds, config, stats, greedy, id_offset,
                           sampling_seed=sampling_seed)
     failed = rollout.failed_groups()
@@ -139,59 +152,95 @@ def collect_rows(backend, tokenizer, rollout, seeds: list[int], config: RolloutC
 
 def _collect_steps(backend, tokenizer, rollout, seeds: list[int], config: RolloutConfig, stats: dict[str, float],
                    greedy: bool = False, id_offset: int = 0, groups: list[int] | None = None,
-                   sampling_seed: int | None = None) -> tuple[list[Row], list[Any]]:
+                   sampling_seed: int | None = None, overlap: bool = False) -> tuple[list[Row], list[Any]]:
     """The "step" layout of ``collect_rows``: a row per turn, for the episodes of ``groups`` (default: all)."""
     rollout.reset(seeds, groups)
     rows: list[Row] = []
-    played = set(rollout.active()) | set(rollout.failures())
+    played = sorted(set(rollout.active()) | set(rollout.failures()))
     # the behaviour policy's log-probs, kept on rows that may be trained on
     scored = (not greedy and hasattr(backend, "generate_scored")
               and any(seed < EVAL_SEED_OFFSET for seed in seeds))
-    envs = rollout.envs
-    for _ in range(config.max_turns):
-        active = rollout.active()
-        if not active:
-            break
-        encoded = fit_prompts(tokenizer, [[rollout.messages(i), *rollout.shorter_messages(i)] for i in active],
-                              config.max_prompt_tokens)
-        prompts = [ids for ids, _, _ in encoded]
-        streams = request_streams(rollout, active, greedy, sampling_seed)
-        if scored:
-            generated, logps, entropies = backend.generate_scored(prompts, config.max_response_tokens,
-                                                                  config.temperature, config.top_p, config.top_k,
-                                                                  **streams)
-        else:
-            generated = backend.generate(prompts, config.max_response_tokens, config.temperature, config.top_p,
-                                         greedy, config.top_k, **streams)
-            logps = entropies = [None] * len(generated)
-        responses = cut_at_turn_end(tokenizer, [envs[i] for i in active], generated)
-        reasons = turn_stop_reasons(backend, generated, responses, [cut for _, _, cut in encoded],
-                                    config.max_response_tokens, tokenizer.eos_token_id)
-        texts = tokenizer.batch_decode(responses, skip_special_tokens=True)
-        turns = rollout.step(dict(zip(active, texts)), max_turns=config.max_turns)
-        by_episode = {i: (p, r, lp, h, s) for i, p, r, lp, h, s in zip(active, prompts, responses, logps, entropies,
-                                                                        reasons)}
-        for t in turns:
-            prompt_ids, response_ids, logp, entropy, reason = by_episode[t.episode]
-            row = Row(group=t.group + id_offset, episode=t.episode + id_offset, turn=t.turn, prompt_ids=prompt_ids,
-                      response_ids=response_ids, step_reward=t.env_reward, format_penalty=t.format_penalty,
-                      format_ok=t.format_ok, action_is_valid=t.action_is_valid, anchor=t.anchor, won=False,
-                      stop="env_error" if t.env_error else reason)
-            if logp is not None:  # a cut response keeps the scores of its tokens
-                n = len(response_ids)
-                row.rollout_logp = np.asarray(logp[:n], dtype=np.float32)
-                row.rollout_entropy = float(np.mean(entropy[:n])) if n else 0.0
-            rows.append(row)
-        stats["gen_tokens"] += sum(len(r) for r in responses)
-        stats["dropped_history"] += sum(dropped for _, dropped, _ in encoded)
-        stats["truncated_prompts"] += sum(cut for _, _, cut in encoded)
-    episodes = [e for e in rollout.episodes() if e.episode in played]
+    generate = functools.partial(_generate_turn, backend, tokenizer, rollout, config, stats, greedy, scored,
+                                 sampling_seed)
+    if overlap:
+        half = len(played) // 2
+        cohorts = [set(c) for c in (played[:half], played[half:]) if c]
+        started: dict[int, tuple[dict[int, str], dict[int, tuple]]] = {}  # cohort -> its turn in the envs
+        while True:
+            for k, cohort in enumerate(cohorts):
+                if k in started:  # its envs stepped while the other cohort generated
+                    texts, generated = started.pop(k)
+                    rows += _turn_rows(rollout.step(texts, max_turns=config.max_turns), generated, id_offset)
+                active = [i for i in rollout.active() if i in cohort]
+                if active:
+                    texts, generated = generate(active)
+                    rollout.start_step(texts)
+                    started[k] = texts, generated
+            if not started:
+                break
+        rows.sort(key=lambda r: (r.turn, r.episode))  # the lockstep order
+    else:
+        for _ in range(config.max_turns):
+            active = rollout.active()
+            if not active:
+                break
+            texts, generated = generate(active)
+            rows += _turn_rows(rollout.step(texts, max_turns=config.max_turns), generated, id_offset)
+    kept = set(played)
+    episodes = [e for e in rollout.episodes() if e.episode in kept]
     count_stops(stats, [r.stop for r in rows], episodes)
     by_id = {e.episode: e for e in episodes}
     for row in rows:
         ep = by_id[row.episode - id_offset]
         row.env_return, row.won = ep.env_return, ep.won
     return rows, episodes
+
+
+def _generate_turn(backend, tokenizer, rollout, config: RolloutConfig, stats: dict[str, float], greedy: bool,
+                   scored: bool, sampling_seed: int | None, active: list[int]
+                   ) -> tuple[dict[int, str], dict[int, tuple]]:
+    """One batched generation for the ``active`` episodes' next turn: their responses as text (the envs' actions)
+    and, per episode, (prompt ids, response ids, log-probs, entropies, stop reason) for its row. Adds the turn's
+    ``gen_tokens``, ``dropped_history`` and ``truncated_prompts`` to ``stats``."""
+    encoded = fit_prompts(tokenizer, [[rollout.messages(i), *rollout.shorter_messages(i)] for i in active],
+                          config.max_prompt_tokens)
+    prompts = [ids for ids, _, _ in encoded]
+    streams = request_streams(rollout, active, greedy, sampling_seed)
+    if scored:
+        generated, logps, entropies = backend.generate_scored(prompts, config.max_response_tokens,
+                                                              config.temperature, config.top_p, config.top_k,
+                                                              **streams)
+    else:
+        generated = backend.generate(prompts, config.max_response_tokens, config.temperature, config.top_p,
+                                     greedy, config.top_k, **streams)
+        logps = entropies = [None] * len(generated)
+    envs = rollout.envs
+    responses = cut_at_turn_end(tokenizer, [envs[i] for i in active], generated)
+    reasons = turn_stop_reasons(backend, generated, responses, [cut for _, _, cut in encoded],
+                                config.max_response_tokens, tokenizer.eos_token_id)
+    texts = tokenizer.batch_decode(responses, skip_special_tokens=True)
+    stats["gen_tokens"] += sum(len(r) for r in responses)
+    stats["dropped_history"] += sum(dropped for _, dropped, _ in encoded)
+    stats["truncated_prompts"] += sum(cut for _, _, cut in encoded)
+    return dict(zip(active, texts)), {i: (p, r, lp, h, s) for i, p, r, lp, h, s in zip(active, prompts, responses,
+                                                                                       logps, entropies, reasons)}
+
+
+def _turn_rows(turns: list[Any], generated: dict[int, tuple], id_offset: int) -> list[Row]:
+    """The rows of one step's ``turns`` (``wrappers.Turn``) from what ``_generate_turn`` returned for them."""
+    rows = []
+    for t in turns:
+        prompt_ids, response_ids, logp, entropy, reason = generated[t.episode]
+        row = Row(group=t.group + id_offset, episode=t.episode + id_offset, turn=t.turn, prompt_ids=prompt_ids,
+                  response_ids=response_ids, step_reward=t.env_reward, format_penalty=t.format_penalty,
+                  format_ok=t.format_ok, action_is_valid=t.action_is_valid, anchor=t.anchor, won=False,
+                  stop="env_error" if t.env_error else reason)
+        if logp is not None:  # a cut response keeps the scores of its tokens
+            n = len(response_ids)
+            row.rollout_logp = np.asarray(logp[:n], dtype=np.float32)
+            row.rollout_entropy = float(np.mean(entropy[:n])) if n else 0.0
+        rows.append(row)
+    return rows
 
 
 def eval_split_of(env_id: str, requested: str | None) -> str:

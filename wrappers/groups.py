@@ -14,10 +14,14 @@ call, not env stepping — so a list of envs stepped in a Python loop is both si
 and as fast. Envs are created once and reused across ``reset`` calls.
 
 Where the envs run is ``arena_envs.pool``'s choice: in this process (``LocalEnvs``) or in worker processes
-(``EnvPool``, ``workers >= 1``), stepped as one batch either way. An env that raises in ``reset``/``step``, a
-crashed worker or a step past the timeout ends that episode as failed (``EpisodeStats.stop == "env_error"``,
-``failures()``); the caller decides what becomes of its group (``arena_train.rollout.collect_rows``: retried once,
-else dropped). The first traceback of each kind is printed once per process.
+(``EnvPool``, ``workers >= 1``), stepped as one batch either way. ``start_step`` sends a batch of actions to the
+workers and returns at once; the ``step`` that follows with the same responses collects their results, so that the
+trainer can generate for other episodes meanwhile (``arena_train.rollout.collect_rows``' ``overlap``) and every
+turn still comes out of ``step`` (what wrappers of a rollout watch: ``arena_train.episodes.TurnTap``).
+An env that raises in ``reset``/``step``, a crashed worker or a step past the timeout ends that episode as failed
+(``EpisodeStats.stop == "env_error"``, ``failures()``); the caller decides what becomes of its group
+(``arena_train.rollout.collect_rows``: retried once, else dropped). The first traceback of each kind is printed
+once per process.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from typing import Any
 
 import gymnasium as gym
 
-from arena_envs.pool import EnvError, EnvPool, LocalEnvs
+from arena_envs.pool import EnvError, EnvPool, LocalEnvs, Pending
 
 Messages = list[dict[str, str]]
 
@@ -110,6 +114,7 @@ class GroupRollout:
         self._active: list[bool] = []
         self._stats: list[EpisodeStats] = []
         self._failures: dict[int, EnvError] = {}
+        self._started: dict[int, tuple[str, Pending]] = {}  # episode -> (its action, its pending batch)
         self.last_error: EnvError | None = None
 
     @property
@@ -130,6 +135,9 @@ class GroupRollout:
         if len(task_seeds) != self.num_groups:
             raise ValueError(f"need {self.num_groups} task seeds, got {len(task_seeds)}")
         play = set(range(self.num_groups) if groups is None else groups)
+        for pending in {id(p): p for _, p in self._started.values()}.values():  # an abandoned rollout's batches
+            self.runner.collect(pending)
+        self._started = {}
         self._messages, self._shorter, self._anchors = [[] for _ in range(self._n)], [[]] * self._n, [None] * self._n
         self._active, self._failures = [False] * self._n, {}
         self._stats = [EpisodeStats(episode=i, group=self.group_of(i), task_seed=int(task_seeds[self.group_of(i)]))
@@ -166,7 +174,8 @@ class GroupRollout:
         return sorted({self.group_of(i) for i in self._failures})
 
     def active(self) -> list[int]:
-        return [i for i, a in enumerate(self._active) if a]
+        """The episodes waiting for a response (running, and not stepping since ``start_step``)."""
+        return [i for i, a in enumerate(self._active) if a and i not in self._started]
 
     def messages(self, episode: int) -> Messages:
         """The chat messages episode ``episode`` must answer now."""
@@ -177,14 +186,41 @@ class GroupRollout:
         history), for prompts over a token budget."""
         return self._shorter[episode]
 
-    def step(self, responses: Mapping[int, str], max_turns: int | None = None) -> list[Turn]:
-        """Step the given active episodes with their raw responses; returns one Turn each (a failed step: a Turn
-        with ``env_error``, ``done`` and rewards 0, and the episode fails)."""
-        inactive = [i for i in responses if not (0 <= i < len(self._active) and self._active[i])]
+    def _texts(self, responses: Mapping[int, str]) -> dict[int, str]:
+        """The actions of ``responses`` (a non-string response: ""), in episode order; refuses episodes that are
+        not waiting for one."""
+        inactive = [i for i in responses if not (0 <= i < len(self._active) and self._active[i])
+                    or i in self._started]
         if inactive:
             raise ValueError(f"episodes {sorted(inactive)} are not active (call reset, or check active())")
-        texts = {i: responses[i] if isinstance(responses[i], str) else "" for i in sorted(responses)}
-        results = self.runner.step_many(texts)
+        return {i: responses[i] if isinstance(responses[i], str) else "" for i in sorted(responses)}
+
+    def start_step(self, responses: Mapping[int, str]) -> None:
+        """Send the given active episodes' actions to their envs and return without waiting (in worker processes
+        the envs step meanwhile; in-process they step now). They leave ``active()`` until the ``step`` with the
+        same ``responses`` collects the results."""
+        texts = self._texts(responses)
+        pending = self.runner.submit_many(texts)
+        self._started.update({i: (text, pending) for i, text in texts.items()})
+
+    def step(self, responses: Mapping[int, str], max_turns: int | None = None) -> list[Turn]:
+        """Step the given active episodes with their raw responses (or collect the steps ``start_step`` began with
+        them); returns one Turn each (a failed step: a Turn with ``env_error``, ``done`` and rewards 0, and the
+        episode fails)."""
+        started = [i for i in responses if i in self._started]
+        if started:
+            texts = {i: responses[i] if isinstance(responses[i], str) else "" for i in sorted(responses)}
+            pending = self._started[started[0]][1]
+            if ({i for i, (_, p) in self._started.items() if p is pending} != set(texts)
+                    or any(self._started[i][0] != text for i, text in texts.items())):
+                raise ValueError(f"episodes {sorted(responses)} must be collected with the responses of one "
+                                 f"start_step, all of them")
+            results = self.runner.collect(pending)
+            for i in texts:
+                del self._started[i]
+        else:
+            texts = self._texts(responses)
+            results = self.runner.step_many(texts)
         turns = []
         for i, response in texts.items():
             stats = self._stats[i]
