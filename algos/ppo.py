@@ -138,6 +138,10 @@ class Args:
     collapse: CollapseConfig = field(default_factory=CollapseConfig)
     """the in-run collapse alarm (arena_train.monitor, docs/evaluation.md "The in-run alarm")"""
     # ALGO LOGIC: algorithm hyper-parameters
+    num_iterations: int = 60
+    """(replaces the shared default of 100) the critic's forward and backward make a PPO iteration about twice
+    GRPO's: 100 iterations took 458 CPU seconds on one thread from algos/sft.py's default start (GRPO 216); 60 is
+    the longest run that keeps within 5 minutes (docs/algorithms.md)"""
     reward_density: Literal["sparse", "dense"] = "sparse"
     """score of a turn: its episode's env return, or its return-to-go (arena_train.rewards)"""
     clip_ratio_low: float = 0.2

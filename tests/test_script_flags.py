@@ -62,7 +62,9 @@ def own_fields(name: str) -> set[str]:
         if inside:
             lines.add(number)
     args = next(n for n in ast.parse(text).body if isinstance(n, ast.ClassDef) and n.name == "Args")
-    return {n.target.id for n in args.body if isinstance(n, ast.AnnAssign) and n.lineno in lines}
+    fields = [n for n in args.body if isinstance(n, ast.AnnAssign)]
+    # a shared field that a block declares again (a method default, PPO's num_iterations) stays a shared flag
+    return {n.target.id for n in fields if n.lineno in lines} - {n.target.id for n in fields if n.lineno not in lines}
 
 
 def split_options(name: str) -> tuple[set[str], set[str]]:
