@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import multiprocessing as mp
 import os
 import re
 
@@ -20,6 +21,7 @@ from arena_envs.alfworld_env import ALFWorldEnv  # noqa: E402
 from arena_envs.alfworld_env.build import build_game  # noqa: E402
 from arena_envs.alfworld_env.games import OFFICIAL_SIZES, GeneratedGames, read_committed, write_trial  # noqa: E402
 from arena_envs.alfworld_env.generator import TASK_TYPES, floor_plans, generate, load_scene  # noqa: E402
+from arena_envs.alfworld_env.slots import validate_bounded  # noqa: E402
 
 MAX_STEPS = 50
 
@@ -146,6 +148,28 @@ def test_uncommitted_slot_is_generated_validated_and_cached(tmp_path):
     assert game["pddl_problem"] == rec["problem"] and game["walkthrough"] == rec["walkthrough"] and game["solvable"]
     mtime = os.path.getmtime(path)
     assert GeneratedGames("train", ["pick_and_place_simple"], tmp_path)[k] == path and os.path.getmtime(path) == mtime
+
+
+def _plan_in_a_daemon(path, queue):
+    try:
+        queue.put(validate_bounded(path, timeout_s=240))
+    except Exception as error:  # multiprocessing's "daemonic processes are not allowed to have children"
+        queue.put(repr(error))
+
+
+def test_a_game_is_validated_inside_a_daemonic_env_worker(tmp_path):
+    """Env workers are daemonic processes, where an uncached game of a rollout gets generated: the planner's bounded
+    check must run there (multiprocessing refuses a daemon's children), and a check out of time is None."""
+    path = str(GeneratedGames("train", ["pick_and_place_simple"], tmp_path)[0])
+    ctx = mp.get_context("fork")
+    queue = ctx.Queue()
+    worker = ctx.Process(target=_plan_in_a_daemon, args=(path, queue), daemon=True)
+    worker.start()
+    plan = queue.get(timeout=300)
+    worker.join()
+    with open(path) as f:
+        assert plan and plan == json.load(f)["walkthrough"]
+    assert validate_bounded(path, timeout_s=0.01) is None
 
 
 def test_help_is_not_admissible(env):

@@ -9,8 +9,13 @@ records; this module imports neither (no import circle).
 
 from __future__ import annotations
 
-import multiprocessing as mp
+import contextlib
+import os
+import pickle
+import select
+import signal
 import tempfile
+import time
 from functools import lru_cache
 from pathlib import Path
 
@@ -45,23 +50,37 @@ def validate(game_file: str, engine, max_steps: int = 50) -> list[str] | None:
     return plan if state["won"] else None
 
 
-def _validate_child(game_file: str, queue) -> None:
-    queue.put(validate(game_file, make_engine(expert=False)))
-
-
 def validate_bounded(game_file: str, timeout_s: float = PLANNER_TIMEOUT_S) -> list[str] | None:
-    """``validate`` in a child process; ``None`` if it does not finish within ``timeout_s``."""
-    ctx = mp.get_context("fork")
-    queue = ctx.Queue()
-    proc = ctx.Process(target=_validate_child, args=(game_file, queue), daemon=True)
-    proc.start()
+    """``validate`` in a forked child; ``None`` if it fails or does not finish within ``timeout_s``.
+
+    A plain ``os.fork`` with a pipe, not ``multiprocessing``: env workers (``arena_envs.pool``) are daemonic
+    processes, which ``multiprocessing`` forbids to start children, and they are where an uncached game of a
+    training rollout gets generated."""
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: the plan, pickled, then exit without the parent's atexit handlers
+        status = 1
+        try:
+            os.close(read_fd)
+            with os.fdopen(write_fd, "wb") as out:
+                out.write(pickle.dumps(validate(game_file, make_engine(expert=False))))
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(write_fd)
+    deadline, data = time.monotonic() + timeout_s, b""
     try:
-        return queue.get(timeout=timeout_s)
-    except Exception:  # queue.Empty: the planner is still searching
-        return None
+        while (left := deadline - time.monotonic()) > 0 and select.select([read_fd], [], [], left)[0]:
+            chunk = os.read(read_fd, 1 << 16)
+            if not chunk:  # the child closed its end: done (an empty reply = it failed)
+                return pickle.loads(data) if data else None
+            data += chunk
+        return None  # the planner is still searching
     finally:
-        proc.kill()
-        proc.join()
+        os.close(read_fd)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
 
 
 @lru_cache(maxsize=None)
