@@ -150,8 +150,8 @@ def draw(curves: list[Curve], title: str) -> Figure:
         mine = [c for c in curves if c.method == method]
         for half in sorted({HALF * c.start for c in mine}):
             ax.axhline(half, color="0.3", ls="--", lw=1, zorder=1)
-            ax.annotate(f"half of start: {half:.2f}", (1.0, half), xycoords=("axes fraction", "data"),
-                        xytext=(-3, 3), textcoords="offset points", ha="right", va="bottom", fontsize=8, color="0.3")
+            ax.annotate(f"half of start: {half:.3g}", (1.0, half), xycoords=("axes fraction", "data"),
+                        xytext=(-3, -3), textcoords="offset points", ha="right", va="top", fontsize=8, color="0.3")
         for c in mine:
             ax.plot(c.its, c.success, color=colors[c.seed], marker=".", ms=6, lw=1.6, zorder=2)
             if c.heldout_collapse is not None:
