@@ -104,7 +104,8 @@ def main() -> None:
     recorded: dict = {"rows": [], "orders": []}
     pending: list = []
 
-    def collect_rows(backend, tokenizer, rollout, seeds, config, stats, greedy=False, id_offset=0):
+    def collect_rows(backend, tokenizer, rollout, seeds, config, stats, greedy=False, id_offset=0, sampling_seed=None,
+                     overlap=False):  # the sampling arguments do not apply to synthetic rows
         rows, episodes = synthetic_rows(tokenizer, seeds, config, id_offset, args.group_size)
         if args.engine.rollout_is != "none":  # an engine that disagrees: log-probs near uniform's, noisy
             noise = np.random.default_rng(seeds[0] + id_offset)
