@@ -81,8 +81,7 @@ def _fit(values: list[float], n: int) -> list[float]:
 
 def cache_games(env_id: str, seeds: list[int], cache: str) -> None:
     """Reset one env in this process on ``seeds``, so that their games are generated into ``cache`` before any
-    worker needs them (an ALFWorld worker cannot generate a game: its validation starts a process of its own, which a
-    daemon worker may not)."""
+    worker needs them: game generation (seconds per ALFWorld game) is not what the benchmark times."""
     env = wrappers.make_env(env_id, prompt_style="arlarena", split="train", cache_dir=cache)
     for seed in seeds:
         env.reset(seed=seed)
