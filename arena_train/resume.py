@@ -30,7 +30,7 @@ CONTROL = frozenset({"output_dir", "run_name", "resume", "resume_fallback", "res
 #: knobs of the update (the one-batch update divides by the mini-batch's counts: same math, other float sums).
 MID_RUN = frozenset({
     "num_iterations", "checkpoint_every", "eval_every", "env_workers", "env_servers", "env_step_timeout",
-    "max_env_failures", "torch_threads", "track", "wandb_project", "log_episodes", "micro_batch_size",
+    "max_env_failures", "overlap_turns", "torch_threads", "track", "wandb_project", "log_episodes", "micro_batch_size",
     "micro_batch_tokens", "gradient_checkpointing", "vllm_gpu_memory_utilization", "world_size"})
 #: The env mixture is the run's data: it never changes on resume (``arena_train.mixture.resume_problem``).
 MIXTURE = ("env_id", "env_weights")
