@@ -5,6 +5,7 @@ equal to gigpo.py's, function by function, by tests/test_algos_math.py.
 
 from __future__ import annotations
 
+import difflib
 from collections import defaultdict
 from typing import Any
 
@@ -49,7 +50,6 @@ def step_groups(group_ids: np.ndarray, anchors: list[Any], similarity_thresh: fl
     """Anchor-state step group (N,) of every row: rows of one episode group acting on the same anchor
     share a group (groups never cross episode groups). With ``similarity_thresh``, a text anchor joins
     the first earlier anchor of its episode group whose difflib ratio is >= the threshold."""
-    import difflib
 
     keys: dict[tuple[Any, Any], int] = {}
     seen: dict[Any, dict[Any, None]] = defaultdict(dict)  # episode group -> its distinct anchors, in order
