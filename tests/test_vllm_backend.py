@@ -244,7 +244,9 @@ def test_grpo_script_runs_with_vllm_rollouts(model_dir, tmp_path, record_propert
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [json.loads(line) for line in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
-    assert [m["iteration"] for m in lines] == [1, 2]
+    assert [m["iteration"] for m in lines] == [0, 1, 2]  # 0: the held-out evaluation of the start
+    assert "eval/success_rate" in lines[0] and not any(key.startswith("rollout/") for key in lines[0])
+    lines = lines[1:]
     for m in lines:
         assert all(math.isfinite(v) for v in m.values()), m
         assert m["rollout/num_rows"] > 0
