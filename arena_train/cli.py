@@ -107,12 +107,12 @@ class EngineArgs:
     """seconds an env step or reset may take in a worker before its episode fails (workers only)"""
     max_env_failures: int = 5
     """stop the run after this many consecutive iterations whose env errors dropped a group (0 = never)"""
-    episode_streams: bool = False
+    episode_streams: bool = True
     """each training episode samples from its own stream (run seed, iteration, task seed, sample, turn): a row's
-    tokens do not depend on the batch, env workers or processes; turning it on changes a run's sampled numbers once
-    (docs/runs.md, "Episode streams")"""
+    tokens do not depend on the batch, env workers or processes; --no-episode-streams: the backend's one stream per
+    process, the rows of the versions before the flag (docs/runs.md, "Episode streams")"""
     overlap_turns: bool = False
-    """with --episode-streams and env workers: two cohorts of episodes alternate, one generating while the other's
+    """with the episode streams and env workers: two cohorts of episodes alternate, one generating while the other's
     envs step; the same tokens as the lockstep rollout ("step" rows only)"""
 
 
@@ -222,7 +222,8 @@ def overlap_problem(args: Any) -> str | None:
     from arena_envs import auto_env_workers
 
     if not getattr(args, "episode_streams", False):
-        return "error: --overlap-turns needs --episode-streams (without them a row's tokens depend on the cohorts)"
+        return ("error: --overlap-turns needs the episode streams: drop --no-episode-streams (without them a row's "
+                "tokens depend on the cohorts)")
     env_ids = getattr(args, "env_id", None) or []
     workers = getattr(args, "env_workers", 0)
     if workers < 0:  # auto: workers for the native engines only (every env of a mixture must have them)

@@ -32,6 +32,10 @@ MID_RUN = frozenset({
     "num_iterations", "checkpoint_every", "eval_every", "env_workers", "env_servers", "env_step_timeout",
     "max_env_failures", "overlap_turns", "torch_threads", "track", "wandb_project", "log_episodes", "micro_batch_size",
     "micro_batch_tokens", "gradient_checkpointing", "vllm_gpu_memory_utilization", "world_size"})
+#: Recipe fields added after runs were recorded, with the value every run recorded before them had: such a run's
+#: args.json lacks the field, and it resumes with that value, not with today's default (episode streams became the
+#: default after runs had trained without them).
+INTRODUCED = {"episode_streams": False}
 #: The env mixture is the run's data: it never changes on resume (``arena_train.mixture.resume_problem``).
 MIXTURE = ("env_id", "env_weights")
 #: What a training script writes into its run folder that makes it a run (``arena_train.run.RUN_ENTRIES``' core).
@@ -77,8 +81,9 @@ def given_fields(args: Any, argv: Sequence[str]) -> set[str]:
 
 
 def recorded(record: dict[str, Any]) -> dict[str, Any]:
-    """The values a run holds now: ``args.json``'s start values with its ``changes`` applied in order."""
-    values = {k: v for k, v in record.items() if k != "changes"}
+    """The values a run holds now: ``args.json``'s start values (``INTRODUCED``'s for fields it predates) with its
+    ``changes`` applied in order."""
+    values = {**INTRODUCED, **{k: v for k, v in record.items() if k != "changes"}}
     for change in record.get("changes", []):
         values.update({k: diff["now"] for k, diff in change["changed"].items()})
     return values

@@ -133,6 +133,7 @@ def bench_seed(args: argparse.Namespace, seed: int) -> list[dict]:
         start = starts[key][:len(final)]
         rows.append({"script": script, "seed": seed, **json.loads(done.read_text()),
                      "iterations": run_args["num_iterations"], "rooms": len(final),
+                     "streams": run_args.get("episode_streams", False),
                      "start": sum(start) / len(start), "final": sum(final) / len(final),
                      "gain": mean_ci([f - s for s, f in zip(start, final)]).as_dict()})
     return rows
@@ -152,14 +153,14 @@ def table(rows: list[dict], cpu: str, threads: int) -> str:
     lines += [f"| {r['seed']} | {r['wall_s']:.0f} | {r['cpu_s']:.0f} | {load(r)} | {r['validation']:.2f} |"
               for r in sft]
     lines += ["", "| script | seed | iterations | start % | final % | paired gain (points, 95 %) | rooms | wall s "
-              "| CPU s | load |", "|---|---|---|---|---|---|---|---|---|---|"]
+              "| CPU s | load | episode streams |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in sorted((r for r in rows if r["script"] != "sft"), key=lambda r: (SCRIPTS.index(r["script"])
                                                                                if r["script"] in SCRIPTS else 99,
                                                                                r["seed"])):
         g = r["gain"]
         lines.append(f"| {r['script']} | {r['seed']} | {r['iterations']} | {pct(r['start'])} | {pct(r['final'])} "
                      f"| {100 * g['mean']:+.1f} [{100 * g['low']:+.1f}, {100 * g['high']:+.1f}] | {r['rooms']} "
-                     f"| {r['wall_s']:.0f} | {r['cpu_s']:.0f} | {load(r)} |")
+                     f"| {r['wall_s']:.0f} | {r['cpu_s']:.0f} | {load(r)} | {'on' if r.get('streams') else 'off'} |")
     return "\n".join(lines)
 
 

@@ -50,6 +50,20 @@ def test_flags_not_given_again_take_the_recorded_values(tmp_path):
     assert args.run.resume and args.run.run_name == "r"
 
 
+def test_a_run_recorded_before_a_field_existed_resumes_with_the_value_it_had(tmp_path):
+    """A run trained before --episode-streams became the default (its args.json has no such field) keeps the
+    process stream on resume; turning the streams on is a recipe change, refused unless overridden."""
+    run_dir = record_run(tmp_path)
+    record = json.loads((run_dir / "args.json").read_text())
+    assert record.pop("episode_streams") is True  # today's runs record the default
+    (run_dir / "args.json").write_text(json.dumps(record))
+    assert resume(tmp_path).engine.episode_streams is False
+    with pytest.raises(SystemExit, match="--episode-streams: run False, now True"):
+        resume(tmp_path, "--episode-streams")
+    assert resume(tmp_path, "--episode-streams", "--resume-override", "episode-streams").engine.episode_streams is True
+    assert grpo.Args().engine.episode_streams is True
+
+
 def test_a_flag_given_again_with_its_recorded_value_is_fine(tmp_path):
     record_run(tmp_path, kl_coef=0.05)
     assert resume(tmp_path, "--kl-coef", "0.05").kl_coef == 0.05

@@ -1,7 +1,7 @@
 """Training rows that do not depend on batching (``--episode-streams``): each training episode samples from its own
 stream keyed by (run seed, iteration, task seed, sample, turn) (``arena_train.streams.training_seed``), so a row's
-tokens are the same whatever the generation batch size, the env worker count or the number of processes. Off (the
-default), training keeps the backend's own stream, and the rows depend on the batch."""
+tokens are the same whatever the generation batch size, the env worker count or the number of processes. Off
+(``--no-episode-streams``), training keeps the backend's own stream, and the rows depend on the batch."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def test_training_seed_is_a_fixed_hash_of_run_seed_and_iteration():
     seeds = {training_seed(s, i) for s in range(3) for i in range(1, 5)}
     assert len(seeds) == 12 and all(0 <= s < 2**63 for s in seeds)
     assert sampling_seed(0, 1_000_000_000, 0, 0) == 4208853605806107461  # evaluation's stream, as before
-    assert EngineArgs().episode_streams is False  # off by default: documented runs keep their numbers
+    assert EngineArgs().episode_streams is True  # on by default
 
 
 @pytest.fixture(scope="module")

@@ -194,7 +194,7 @@ def test_overlap_needs_streams_workers_and_step_rows(model_and_tokenizer):
                      defaultdict(float), sampling_seed=SEED, overlap=True)
     flags = dict(env_id="ARL/TextWorld-v0", overlap_turns=True, episode_streams=True, env_workers=2)
     assert args_problem(SimpleNamespace(**flags)) is None
-    assert "needs --episode-streams" in args_problem(SimpleNamespace(**{**flags, "episode_streams": False}))
+    assert "drop --no-episode-streams" in args_problem(SimpleNamespace(**{**flags, "episode_streams": False}))
     assert "needs env workers" in args_problem(SimpleNamespace(**{**flags, "env_workers": 0}))
     sokoban = {**flags, "env_id": "ARL/Sokoban-Mini-v0", "env_workers": -1}  # auto: in-process for Sokoban
     assert "needs env workers" in args_problem(SimpleNamespace(**sokoban))
