@@ -18,6 +18,7 @@ share is 1 - its busy time / the turns' wall time. The rows of both modes are ch
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import tempfile
@@ -98,8 +99,9 @@ def rollout_once(backend, tokenizer, env_id: str, workers: int, overlap: bool, a
     try:
         timed = Timed(rollout)
         backend = CommandBackend(backend, tokenizer, COMMANDS[env_id], timed.seconds)
-        collect_rows(backend, tokenizer, rollout, seeds, config, defaultdict(float), sampling_seed=training_seed(0, 1))
-        timed.seconds.clear()  # the warm-up above made the envs and loaded the games
+        warmup = dataclasses.replace(config, max_turns=1)  # makes the envs, loads the games, runs the model once
+        collect_rows(backend, tokenizer, rollout, seeds, warmup, defaultdict(float), sampling_seed=training_seed(0, 1))
+        timed.seconds.clear()
         start = time.perf_counter()
         stats: dict[str, float] = defaultdict(float)
         rows, _ = collect_rows(backend, tokenizer, timed, seeds, config, stats, sampling_seed=training_seed(0, 1),

@@ -350,7 +350,8 @@ def recorded_tolerance(key: str, line: dict) -> float:
 
 
 def test_one_id_run_logs_what_it_logged_before_mixtures(tiny_model, tmp_path):
-    proc = run_grpo(tmp_path, tiny_model)
+    """The reference predates the episode streams too: --no-episode-streams samples as the versions before them."""
+    proc = run_grpo(tmp_path, tiny_model, "--no-episode-streams")
     assert proc.returncode == 0, proc.stderr[-3000:]
     reference = [json.loads(line) for line in REFERENCE.read_text().splitlines()]
     got = metric_lines(tmp_path)
@@ -385,7 +386,7 @@ def test_two_env_run_logs_every_env_and_refuses_another_mixture_on_resume(tiny_m
 
 def record_reference(model: str, folder: Path) -> None:
     """Rewrite REFERENCE from a run of algos/grpo.py (timings left out)."""
-    proc = run_grpo(folder, model)
+    proc = run_grpo(folder, model, "--no-episode-streams")
     assert proc.returncode == 0, proc.stderr[-3000:]
     REFERENCE.write_text("".join(json.dumps({k: v for k, v in line.items() if not k.startswith("perf/")}) + "\n"
                                  for line in metric_lines(folder)))

@@ -1,8 +1,10 @@
 """The collapse alarm inside a real script run (``--on-collapse``): it fires, logs, stops on a healthy checkpoint
 or rolls back to one with a smaller learning rate, and a resumed run keeps its decisions.
 
-The collapse here is induced by hair-trigger thresholds on the KL to the reference, which grows every iteration
-at a large learning rate: the alarm then fires as soon as its warm-up ends, on every machine.
+The tiny model's alarms are induced by hair-trigger thresholds on the KL to the reference (above 1.0001 x its
+running median for one iteration): at a large learning rate that KL wanders, so the alarm fires within a few
+iterations once its warm-up and history are in. The last test collapses a BC start for real (100x the learning
+rate): the valid format falls to 0 at the first update on every seed tried.
 """
 
 from __future__ import annotations
@@ -73,7 +75,9 @@ def test_stop_ends_on_the_last_healthy_checkpoint(tiny, tmp_path):
 
 
 def test_rollback_restores_and_lowers_the_learning_rate_then_stops(tiny, tmp_path):
-    run(tiny, tmp_path, "--num-iterations", "14", "--on-collapse", "rollback", "--max-rollbacks", "1",
+    # 24 iterations: the KL wanders around its running median, so each iteration after the history is rebuilt
+    # may fire; seeds 1-6 measured the rollback at iterations 5-9 and the second alarm at 11-15
+    run(tiny, tmp_path, "--num-iterations", "24", "--on-collapse", "rollback", "--max-rollbacks", "1",
         "--rollback-lr-scale", "0.5")
     fired = events(tmp_path)
     actions = [e["action"] for e in fired]
@@ -88,9 +92,9 @@ def test_rollback_restores_and_lowers_the_learning_rate_then_stops(tiny, tmp_pat
     assert state["param_groups"][0]["lr"] == pytest.approx(5e-3 * 0.5)
 
 
-# ---- a real collapse on the mini-arena's env: a BC start, then 30x the CPU learning rate --------------------------
+# ---- a real collapse on the mini-arena's env: a BC start, then 100x the CPU learning rate -------------------------
 COLLAPSE = ["--num-groups", "4", "--group-size", "4", "--max-turns", "10", "--max-response-tokens", "8",
-            "--learning-rate", "3e-3", "--temperature", "0.7", "--kl-coef", "0", "--checkpoint-every", "1",
+            "--learning-rate", "1e-2", "--temperature", "0.7", "--kl-coef", "0", "--checkpoint-every", "1",
             "--eval-every", "0"]
 
 
