@@ -187,6 +187,17 @@ def updated_record(run_dir: Path, config: dict[str, Any], start_iteration: int) 
     return {**record, "changes": [*record.get("changes", []), {"from_iteration": start_iteration, "changed": changed}]}
 
 
+def script_problem(run_dir: Path, recorded_name: str | None, name: str | None) -> str | None:
+    """Why this script may not resume the run in ``run_dir``, or None. ``exp_name`` defaults to the script's file
+    name, so a run recorded under another one was trained by another script (or under a given ``--exp-name``):
+    continuing it with this script's loss would mix two methods in one run without a trace."""
+    if recorded_name is None or name is None or recorded_name == name:
+        return None
+    return (f"error: {run_dir} was trained as {recorded_name} (exp_name in its args.json), not {name}: resume it "
+            f"with algos/{recorded_name}.py, or give --exp-name {recorded_name} if this script trained it under "
+            "that name")
+
+
 def resume_args(args: Any, argv: Sequence[str]) -> Any:
     """``args`` of a ``--resume`` run: the recorded values of the run for every flag not given in ``argv``; a given
     flag that differs from the record is a one-line ``SystemExit`` listing every difference, unless ``MID_RUN`` or
@@ -206,6 +217,8 @@ def resume_args(args: Any, argv: Sequence[str]) -> Any:
                                else None)
     if problem is None:
         overrides, problem = override_names(args.run.resume_override, set(fields))
+    if problem is None and "exp_name" not in given:
+        problem = script_problem(run_dir, values.get("exp_name"), getattr(args, "exp_name", None))
     if problem is None and given & set(MIXTURE):  # the same mixture may be written another way (1 1 = 0.5 0.5)
         problem = resume_problem(run_dir, Mixture.parse(args.env_id, getattr(args, "env_weights", None),
                                                         check_registry=False))

@@ -64,6 +64,21 @@ def test_a_run_recorded_before_a_field_existed_resumes_with_the_value_it_had(tmp
     assert grpo.Args().engine.episode_streams is True
 
 
+def test_another_script_may_not_resume_the_run(tmp_path):
+    """grpo.py's run resumed by sapo.py (same --run-name) is refused in one line naming the script that trained it;
+    a run started under a given --exp-name resumes when that name is given again."""
+    record_run(tmp_path)
+    sapo = load_script("sapo")
+    argv = ["--output-dir", str(tmp_path), "--run-name", "r", "--resume"]
+    with pytest.raises(SystemExit, match=r"was trained as grpo .* not sapo: resume it with algos/grpo.py") as exc:
+        parse_args(sapo.Args, sapo.GPU_PROFILE, argv)
+    assert "\n" not in str(exc.value)
+    record_run(tmp_path, name="mine", exp_name="grpo_lr_sweep")
+    with pytest.raises(SystemExit, match="give --exp-name grpo_lr_sweep"):
+        resume(tmp_path, name="mine")
+    assert resume(tmp_path, "--exp-name", "grpo_lr_sweep", name="mine").exp_name == "grpo_lr_sweep"
+
+
 def test_a_flag_given_again_with_its_recorded_value_is_fine(tmp_path):
     record_run(tmp_path, kl_coef=0.05)
     assert resume(tmp_path, "--kl-coef", "0.05").kl_coef == 0.05
