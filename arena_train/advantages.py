@@ -50,7 +50,6 @@ def step_groups(group_ids: np.ndarray, anchors: list[Any], similarity_thresh: fl
     """Anchor-state step group (N,) of every row: rows of one episode group acting on the same anchor
     share a group (groups never cross episode groups). With ``similarity_thresh``, a text anchor joins
     the first earlier anchor of its episode group whose difflib ratio is >= the threshold."""
-
     keys: dict[tuple[Any, Any], int] = {}
     seen: dict[Any, dict[Any, None]] = defaultdict(dict)  # episode group -> its distinct anchors, in order
     out = np.zeros(len(anchors), dtype=np.int64)
