@@ -120,35 +120,38 @@ def _kill_first_child(box: Sandbox, killed: list[int]) -> None:
         time.sleep(0.002)
 
 
-def test_a_child_killed_from_outside_is_retried(box):
+def test_a_child_killed_from_outside_is_retried_and_not_scored(box):
     """A SIGKILL no limit explains (here from the test, as from an unknown killer in the bursts) is logged and the
-    call runs again; the program's outcome is the second run's. Before: ``crashed``, scored as the program's."""
+    call runs again; the retry ends otherwise (the program runs to its end), so the death was not the program's:
+    ``sandbox_error``, an env error. Before the retry: ``crashed``, scored as the program's."""
     box.run("pass")
     killed: list[int] = []
     killer = threading.Thread(target=_kill_first_child, args=(box, killed))
     killer.start()
     result = box.run("import time\ntime.sleep(0.5)\nprint('done')")
     killer.join()
-    assert killed and result.status == "ok" and result.stdout == "done\n"
+    assert killed and result.status == "sandbox_error" and "retry ended otherwise (exit code 0)" in result.stderr
     first, second = list(box.ends)[-2:]
-    assert (first["attempt"], first["signal"], first["unexplained"]) == (1, signal.SIGKILL, True)
-    assert (second["attempt"], second["unexplained"]) == (2, False)
+    assert (first["attempt"], first["signal"], first["unexplained"], first["verdict"]) == (
+        1, signal.SIGKILL, True, "retry")
+    assert (second["attempt"], second["unexplained"], second["verdict"]) == (2, False, "env_error")
     for key in ("level", "rusage", "load1", "free_pids", "mem_available_mb", "limit"):
         assert key in first
     assert first["level"] == box.boundary and first["free_pids"] > 0
 
 
-def test_a_repeated_unexplained_death_is_an_env_error(box):
-    """Twice killed by a signal of its own (allowed towards itself): ``sandbox_error`` after one retry, and the
-    env raises ``SandboxError`` (the rollout's failure policy) instead of scoring it."""
+def test_a_repeated_death_is_the_programs_crash(box):
+    """Twice killed by a signal of its own (allowed towards itself): the program's crash after one retry, scored
+    like any failing program. Before: ``sandbox_error``, and the env raised ``SandboxError`` (the group dropped)."""
     code = "import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)"
     result = box.run(code)
-    assert result.status == "sandbox_error" and "twice" in result.stderr
-    assert [(e["attempt"], e["signal"]) for e in list(box.ends)[-2:]] == [(1, signal.SIGSEGV), (2, signal.SIGSEGV)]
+    assert (result.status, result.signal) == ("crashed", signal.SIGSEGV)
+    assert [(e["attempt"], e["signal"], e["verdict"]) for e in list(box.ends)[-2:]] == [
+        (1, signal.SIGSEGV, "retry"), (2, signal.SIGSEGV, "reproduced")]
     env = TIRMathEnv(data=[Problem("q", "1", "t")], sandbox=box)
     env.reset(seed=0)
-    with pytest.raises(SandboxError):
-        env.step(f"```python\n{code}\n```")
+    obs, reward, terminated, *_ = env.step(f"```python\n{code}\n```")
+    assert "Killed by signal SIGSEGV (Segmentation fault)" in obs and (reward, terminated) == (0.0, False)
 
 
 def test_deaths_the_limits_explain_are_not_retried(box):
@@ -159,20 +162,23 @@ def test_deaths_the_limits_explain_are_not_retried(box):
     assert [e["attempt"] for e in ends] == [1, 1] and not any(e["unexplained"] for e in ends)
 
 
-def test_a_verify_child_killed_from_outside_is_retried():
+def test_a_verify_child_killed_from_outside_is_an_env_error():
     """The check killed from outside runs again (a check that uses its whole budget, so the kill meets it
-    running); the verdict is the second run's (over its budget: not paid), never the kill's."""
+    running); the retry ends otherwise (over its budget), so the kill is not the answer's outcome: ``SandboxError``,
+    never a verdict of the kill's."""
     box = Sandbox(max_verify_servers=1)
     try:
         assert box.verify("\\boxed{1}", "\\boxed{1}")
         killed: list[int] = []
         killer = threading.Thread(target=_kill_first_child, args=(box, killed))
         killer.start()
-        ok = box.verify("\\boxed{7}", "\\boxed{9^{9^{9}}}", timeout=1.0)
+        with pytest.raises(SandboxError, match="retry ended otherwise"):
+            box.verify("\\boxed{7}", "\\boxed{9^{9^{9}}}", timeout=1.0)
         killer.join()
         first, second = list(box.ends)[-2:]
-        assert killed and not ok
-        assert (first["attempt"], first["signal"], first["unexplained"]) == (1, signal.SIGKILL, True)
+        assert killed
+        assert (first["attempt"], first["signal"], first["verdict"]) == (1, signal.SIGKILL, "retry")
         assert second["attempt"] == 2 and second["limit"] in ("timeout", "cpu_timeout")
+        assert second["verdict"] == "env_error"
     finally:
         box.close()

@@ -7,7 +7,8 @@ Protocol (ARLArena ``recipe/math_agent`` / SimpleTIR):
   cut after the **first** block (ARLArena stops generation there), the code runs in the
   sandbox and the observation is ``"\\nCode execution result: {text}\\n"`` where ``text``
   is the stdout (first ``max_output_chars`` characters), or the last stderr line when
-  stderr is non-empty, or ``interpreter timeout`` / a memory, output-limit or crash note;
+  stderr is non-empty, or ``interpreter timeout`` / a memory, output-limit, crash
+  (``Killed by signal SIGSEGV (Segmentation fault)``) or exit-code note;
 * the episode ends when ``\\boxed{`` appears in the (cut) turn or in the printed output
   (the last ``\\boxed{}`` is scored: reward 1 if math-verify-equivalent to the answer,
   else 0), on a turn with neither code nor answer (``action_is_valid=False``, reward 0;
@@ -31,7 +32,7 @@ from arena_envs.base import TextEnv, int_option
 from arena_envs.splits import check_split, draw_in_split, select_split
 from arena_envs.tirmath.answer import extract_boxed, extract_code, first_boxed_end, is_correct
 from arena_envs.tirmath.data import FAMILIES, Problem, generate_problem, load_problems
-from arena_envs.tirmath.sandbox import ExecResult, Sandbox, SandboxError, clean_text, shared_sandbox
+from arena_envs.tirmath.sandbox import ExecResult, Sandbox, SandboxError, clean_text, shared_sandbox, signal_text
 
 _ACTION_OPEN = re.compile(r"<\s*action\s*>", re.IGNORECASE)
 _ACTION_CLOSE = re.compile(r"</\s*action\s*>", re.IGNORECASE)
@@ -208,14 +209,22 @@ class TIRMathEnv(TextEnv):
         elif result.status == "output_limit":
             text = self._truncate(clean_text(result.stdout)) + " [output limit exceeded; execution stopped]"
         elif result.status == "crashed":
-            text = f"process killed by signal {result.signal}"
+            text = self._with_note(result.stdout, f"Killed by signal {signal_text(result.signal)}")
         elif result.status == "sandbox_error":
             text = "sandbox error: the code could not be run"
         elif result.stderr.strip():
             text = self._truncate(clean_text(result.last_error_line))
+        elif result.status == "error":  # a bare exit code (``os._exit(7)``): say so, or the model reads nothing
+            text = self._with_note(result.stdout, f"Exited with code {result.exit_code}")
         else:
             text = self._truncate(clean_text(result.stdout).rstrip("\n"))
         return RESULT_TEMPLATE.format(text)
+
+    def _with_note(self, stdout: str, note: str) -> str:
+        """What the program printed before it ended (cut like stdout), then how it ended: a crash or a bare exit
+        code must read as one to the model, as a traceback does."""
+        printed = self._truncate(clean_text(stdout).rstrip("\n"))
+        return f"{printed}\n{note}" if printed else note
 
     def _truncate(self, s: str) -> str:
         return s if len(s) <= self.max_output_chars else s[: self.max_output_chars] + "..."

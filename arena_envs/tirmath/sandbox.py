@@ -63,12 +63,16 @@ _REPORTED: set[tuple[str, str | None]] = set()
 ENDS_KEPT = 1000
 #: an answer check's wall-clock limit, in multiples of its CPU budget
 VERIFY_WALL_FACTOR = 5
+#: what the log says of an attempt that was not simply the call's outcome (``attempt_verdict``)
+_VERDICT_LOG = {"retry": "a death none of its limits explains; retrying",
+                "reproduced": "the same death again: the program's own crash, its outcome",
+                "env_error": "no outcome (no reply, or a retry that did not reproduce the first death): an env error"}
 
 
 class SandboxError(RuntimeError):
-    """The sandbox could not give a call an outcome: its server died or did not answer, or its child died twice
-    of a signal that none of its limits explains. An env error (the rollout's failure policy replays or drops
-    the episode), never the program's or the answer's outcome."""
+    """The sandbox could not give a call an outcome: its server died or did not answer, or its child died of a
+    signal that none of its limits explains and the retry did not end the same way. An env error (the rollout's
+    failure policy replays or drops the episode), never the program's or the answer's outcome."""
 
 
 def unexplained_signal(reply: dict, cpu_limit: int) -> bool:
@@ -79,6 +83,52 @@ def unexplained_signal(reply: dict, cpu_limit: int) -> bool:
     if sig is None or reply.get("limit") is not None or sig in (signal.SIGXCPU, signal.SIGXFSZ):
         return False
     return not (sig == signal.SIGKILL and (reply.get("rusage") or {}).get("cpu_s", 0.0) >= cpu_limit)
+
+
+def signal_text(sig: int) -> str:
+    """``SIGSEGV (Segmentation fault)``: the name a Python programmer knows, and what it means (a real-time
+    signal has no name of its own: ``signal 40 (Real-time signal 6)``)."""
+    try:
+        name = signal.Signals(sig).name
+    except ValueError:
+        name = f"signal {sig}"
+    return f"{name} ({signal.strsignal(sig) or 'unknown signal'})"
+
+
+def _end_text(reply: dict) -> str:
+    """How a call ended, in a few words (for the message of an env error)."""
+    if reply.get("limit") is not None:
+        return f"at the {reply['limit']} limit"
+    if reply.get("signal") is not None:
+        return f"killed by {signal_text(reply['signal'])}"
+    return f"exit code {reply.get('exit_code')}"
+
+
+def attempt_verdict(reply: dict | None, first: dict | None, cpu_limit: int) -> str:
+    """What one attempt's end means for the call (``first``: the first attempt's reply when this is the retry).
+
+    * ``"outcome"``: the program's (or the answer's) outcome, reported as it is;
+    * ``"retry"``: a first death that none of its limits explains (an outside killer, or the program itself): run
+      once more to tell which;
+    * ``"reproduced"``: the retry died of the same signal: the program's own crash (a self-kill, ``os.abort()``, a
+      segfault), reported to the agent like any failing program -- never an env error it could cause at will;
+    * ``"env_error"``: no reply (server dead or hung), or a retry that ended otherwise than the first death: the
+      death was not the program's, so the call has no outcome (``SandboxError``: the failure policy).
+    """
+    if reply is None:
+        return "env_error"
+    if first is None:
+        return "retry" if unexplained_signal(reply, cpu_limit) else "outcome"
+    same = unexplained_signal(reply, cpu_limit) and reply["signal"] == first["signal"]
+    return "reproduced" if same else "env_error"
+
+
+def env_error_text(what: str, first: dict | None, reply: dict | None) -> str:
+    """Why ``what`` (the run, the answer check) has no outcome: the ``SandboxError`` message."""
+    if reply is None:
+        return f"{what} got no reply from its sandbox server (it died or hung)"
+    return (f"{what} was killed by {signal_text(first['signal'])}, which none of its limits explains, and its retry "
+            f"ended otherwise ({_end_text(reply)}): the death was not the program's own")
 
 
 _PID_MAX: list[int] = []
@@ -356,30 +406,32 @@ class Sandbox:
         finally:
             helper._lock.release()
 
-    def _record(self, op: str, attempt: int, reply: dict | None, timeout: float) -> bool:
-        """Log how a call ended (every call: DEBUG; no reply or a death its limits do not explain: WARNING) and
-        keep it in ``ends``. Returns whether it was unexplained (a dead server is never retried: the call's
-        outcome is lost with it, and the next call starts a fresh server)."""
-        unexplained = reply is None or unexplained_signal(reply, max(1, math.ceil(timeout)))
+    def _attempt(self, op: str, attempt: int, reply: dict | None, first: dict | None, timeout: float) -> str:
+        """Judge one attempt (``attempt_verdict``), keep its end in ``ends`` and log it (DEBUG; WARNING when the
+        verdict is not simply ``"outcome"``). Returns the verdict. A dead server is never retried: the
+        call's outcome is lost with it, and the next call starts a fresh server."""
+        cpu_limit = max(1, math.ceil(timeout))
+        verdict = attempt_verdict(reply, first, cpu_limit)
+        unexplained = reply is None or unexplained_signal(reply, cpu_limit)
         end = {"op": op, "attempt": attempt, "level": self._layers.get("boundary"), "unexplained": unexplained,
-               "time": time.time(), **host_facts()}
+               "verdict": verdict, "time": time.time(), **host_facts()}
         if reply is None:
             end["error"] = "no reply (server died or hung)"
         else:
             end.update({k: reply.get(k) for k in ("signal", "exit_code", "limit", "elapsed", "rusage")})
         self.ends.append(end)
-        if unexplained:
-            _LOG.warning("TIR-Math sandbox: a %s call ended without a reason its limits explain (attempt %d of 2; "
-                         "%s): %s", op, attempt, "retrying" if attempt == 1 and reply else "an env error", end)
+        if verdict != "outcome":
+            _LOG.warning("TIR-Math sandbox: %s call, attempt %d of 2: %s: %s", op, attempt, _VERDICT_LOG[verdict], end)
         elif _LOG.isEnabledFor(logging.DEBUG):
             _LOG.debug("TIR-Math sandbox call ended: %s", end)
-        return unexplained
+        return verdict
 
     def run(self, code: str, timeout: float | None = None, memory_mb: int | None = None,
             report: int = 0) -> ExecResult:
         """Execute ``code`` (any string) in a fresh hardened child; never raises for bad code. A call whose child
-        dies of a signal its limits do not explain (or whose server dies) is run once more; if that happens again
-        the result is ``sandbox_error``, which callers must treat as an env error, not as the program's outcome.
+        dies of a signal its limits do not explain is run once more: the same death again is the program's own
+        crash (``crashed``, its outcome); a retry that ends otherwise, or a dead server, makes the result
+        ``sandbox_error``, which callers must treat as an env error, not as the program's outcome.
 
         ``report > 0`` gives the child a pipe at fd 3 whose bytes (up to ``report``) come back as
         ``ExecResult.report``, apart from stdout. It is a channel, not a proof: the program can write
@@ -393,21 +445,27 @@ class Sandbox:
         if report > 0:
             req["report"] = int(report)
         start = time.monotonic()
-        for attempt in (1, 2):  # a death its limits do not explain is retried once (docs/sandbox.md)
-            reply = self._request(req, timeout + self.margin)
-            if reply is None:
-                self._record("run", attempt, reply, timeout)
-                return ExecResult("sandbox_error", "", "sandbox server died or did not answer", None, None,
-                                  time.monotonic() - start, 0)
-            if not self._record("run", attempt, reply, timeout):
-                break
-        else:
-            return ExecResult("sandbox_error", "", f"sandbox child died twice of signal {reply['signal']}, which "
-                              "none of its limits explains", None, reply["signal"], time.monotonic() - start, 0)
+        first, reply, verdict = self._call("run", lambda: self._request(req, timeout + self.margin), timeout)
+        if verdict == "env_error":
+            return ExecResult("sandbox_error", "", env_error_text("the run", first, reply), None, None,
+                              time.monotonic() - start, 0)
         raw = reply.get("report")
         return ExecResult(_classify(reply), clean_text(reply["stdout"]), clean_text(reply["stderr"]),
                           reply["exit_code"], reply["signal"], reply["elapsed"], reply["output_bytes"],
                           raw.encode("latin-1") if isinstance(raw, str) else None)
+
+    def _call(self, op: str, request, timeout: float) -> tuple[dict | None, dict | None, str]:
+        """``request()`` once, and once more after a death its limits do not explain (docs/sandbox.md, "How every
+        call ends"). Returns the first reply when it was retried (else ``None``), the last reply and its
+        verdict."""
+        first = None
+        for attempt in (1, 2):
+            reply = request()
+            verdict = self._attempt(op, attempt, reply, first, timeout)
+            if verdict != "retry":
+                break
+            first = reply
+        return first, reply, verdict
 
     def verify(self, gold: str, pred: str, timeout: float = 1.0, memory_mb: int = 2048) -> bool:
         """``_zygote.grade`` (math-verify ``parse``/``verify`` under the grading rules) in a hardened child (it
@@ -416,7 +474,9 @@ class Sandbox:
         answer is not paid. The wall clock allows ``VERIFY_WALL_FACTOR`` times as much, so that a loaded host
         (a check of ``(x+1)^2`` took 0.4-1.0 s of wall time for 0.1-0.2 s of CPU at load average 13 on 2 cores)
         does not turn a correct answer into a wrong one. A check whose child dies of a signal its limits do not
-        explain is retried once, then raises ``SandboxError``, as does one whose server dies.
+        explain is retried once: the same death again is the answer's outcome (not paid: an answer that crashes
+        the checker is no correct answer); a retry that ends otherwise raises ``SandboxError``, as does a dead
+        server.
 
         The answers travel as private bytes: only the short-lived verify child reads them, so the
         gold answer never sits in the server's memory, which every later program inherits by fork.
@@ -427,15 +487,11 @@ class Sandbox:
         nonce = os.urandom(8).hex()
         req = {"op": "verify", "nonce": nonce, "timeout": VERIFY_WALL_FACTOR * float(timeout), "cpu": float(timeout),
                "mem_mb": int(memory_mb), "max_output": 256, "kill_output": 1 << 16, "fsize": 0, "max_files": 16}
-        for attempt in (1, 2):
-            reply = self._verify_request(req, req["timeout"] + self.margin, private)
-            if reply is None:
-                self._record("verify", attempt, reply, timeout)
-                raise SandboxError("the answer check got no reply from its server (it died or hung)")
-            if not self._record("verify", attempt, reply, timeout):
-                return reply.get("limit") is None and reply["stdout"].endswith(nonce + "1")
-        raise SandboxError(f"the answer check died twice of signal {reply['signal']}, which none of its limits "
-                           "explains")
+        first, reply, verdict = self._call(
+            "verify", lambda: self._verify_request(req, req["timeout"] + self.margin, private), timeout)
+        if verdict == "env_error":
+            raise SandboxError(env_error_text("the answer check", first, reply))
+        return verdict == "outcome" and reply.get("limit") is None and reply["stdout"].endswith(nonce + "1")
 
 
 _SHARED: dict[int, Sandbox] = {}
