@@ -73,11 +73,12 @@ class Args:
 NULL = type(None)
 NUMBER = (int, float, NULL)
 #: The JSON types the page's script can show, per field (exact types: a JSON true is no number here); a field may
-#: be absent (a record whose turns or texts were dropped to bound its file shows "not recorded").
+#: be absent. A record whose turns or texts were dropped to bound its file (``cut``: "turns" or "texts", or the
+#: field itself missing) shows them as not recorded.
 RECORD_FIELDS = {"schema": (int,), "source": (str,), "won": (bool,), "iteration": (int, NULL), "env_id": (str, NULL),
                  "split": (str, NULL), "task_seed": (int, NULL), "group": (int, NULL), "sample": (int, NULL),
                  "episode": (int, NULL), "return": NUMBER, "episode_return": NUMBER, "length": (int, NULL),
-                 "stop": (str, NULL), "turns": (list, NULL)}
+                 "stop": (str, NULL), "turns": (list, NULL), "cut": (str, NULL)}
 TURN_FIELDS = {"turn": (int, NULL), "seen": (list, NULL), "response": (str, NULL), "action": (str, NULL),
                "format_ok": (bool, NULL), "action_valid": (bool, NULL), "reward": NUMBER, "format_penalty": NUMBER,
                "stop": (str, NULL), "advantage": NUMBER}
@@ -642,7 +643,10 @@ function fields(items, cls) {
   return box;
 }
 function outcome(e) { return el("span", e.won ? "won" : "failed", e.won ? "won" : "lost"); }
-function turnsOf(e) { return Array.isArray(e.turns) ? e.turns : []; }
+// A record cut to bound its file ("cut": "turns" or "texts", arena_train.episodes) or without the field at all.
+function noTurns(e) { return e.cut === "turns" || !Array.isArray(e.turns); }
+function turnsOf(e) { return noTurns(e) ? [] : e.turns; }
+const TEXTS_CUT = "texts not recorded (cut to bound the file): what the model saw, its response";
 function state() {
   const s = {};
   new URLSearchParams(location.hash.slice(1)).forEach((v, k) => { s[k] = v; });
@@ -685,7 +689,7 @@ function renderList(s) {
   const list = shown(s);
   list.forEach(e => {
     const tr = el("tr", undefined, "ep" + (String(e._k) === s.episode ? " sel" : ""));
-    const turns = Array.isArray(e.turns) ? e.turns.length : el("span", "not recorded", "meta");
+    const turns = noTurns(e) ? el("span", "not recorded", "meta") : e.turns.length;
     [e.source, e.env_id, e.iteration, e.group, e.sample, e.task_seed, turns, e["return"], outcome(e), e.stop]
       .forEach(v => tr.appendChild(cell(v)));
     tr.addEventListener("click", () => { const t = state(); t.episode = String(e._k); setState(t); });
@@ -694,9 +698,17 @@ function renderList(s) {
   document.getElementById("count").textContent = list.length;
   FILTERS.forEach(([name]) => { document.getElementById("f-" + name).value = s[name] || ""; });
 }
-function renderTurn(t) {
+function renderTurn(t, textsCut) {
   const box = el("div", undefined, "turn");
   box.appendChild(fields([["turn", t.turn]]));
+  if (textsCut) box.appendChild(el("div", TEXTS_CUT, "meta"));
+  else renderTexts(box, t);
+  box.appendChild(fields([["action", said(t.action)], ["format", flag(t.format_ok, "ok", "invalid")],
+    ["action", flag(t.action_valid, "valid", "invalid")], ["reward", t.reward], ["stop", t.stop],
+    ["advantage", t.advantage]]));
+  return box;
+}
+function renderTexts(box, t) {
   if (!Array.isArray(t.seen)) box.appendChild(el("div", "what the model saw: not recorded", "meta"));
   else if (!t.seen.length) box.appendChild(el("div", "(the same prompt as the turn before)", "meta"));
   else t.seen.forEach(m => {
@@ -709,10 +721,6 @@ function renderTurn(t) {
     box.appendChild(el("div", "response", "meta"));
     box.appendChild(txt("div", t.response, "resp", t.response_more));
   }
-  box.appendChild(fields([["action", said(t.action)], ["format", flag(t.format_ok, "ok", "invalid")],
-    ["action", flag(t.action_valid, "valid", "invalid")], ["reward", t.reward], ["stop", t.stop],
-    ["advantage", t.advantage]]));
-  return box;
 }
 function renderGroup(e) {
   const group = document.getElementById("group");
@@ -729,10 +737,11 @@ function renderGroup(e) {
     const mean = advs.length ? fmt(advs.reduce((a, b) => a + b, 0) / advs.length) + " (mean of turns)" : "-";
     col.appendChild(fields([["sample", o.sample], ["", outcome(o)], ["return", o["return"]]], ""));
     col.appendChild(el("div", "advantage " + mean, "meta"));
-    if (!Array.isArray(o.turns)) col.appendChild(el("div", "turns not recorded", "meta"));
+    if (noTurns(o)) col.appendChild(el("div", "turns not recorded", "meta"));
     turnsOf(o).forEach(t => {
       col.appendChild(fields([["turn", t.turn], ["adv", t.advantage], ["r", t.reward]]));
-      col.appendChild(t.response === null || t.response === undefined ? el("div", "response not recorded", "meta")
+      col.appendChild(o.cut === "texts" ? el("div", "texts not recorded", "meta")
+        : t.response === null || t.response === undefined ? el("div", "response not recorded", "meta")
         : txt("div", t.response, "resp", t.response_more));
     });
     col.addEventListener("click", () => { const t = state(); t.episode = String(o._k); setState(t); });
@@ -748,9 +757,8 @@ function renderEpisode(s) {
   box.appendChild(fields([["", e.source === null ? "-" : e.source], ["env", e.env_id], ["split", e.split],
     ["iteration", e.iteration], ["group", e.group], ["sample", e.sample], ["task seed", e.task_seed],
     ["return", e["return"]], ["", outcome(e)], ["stop", e.stop]]));
-  if (!Array.isArray(e.turns)) box.appendChild(el("div", "turns not recorded (the record keeps its outcome only)",
-                                                  "meta"));
-  turnsOf(e).forEach(t => box.appendChild(renderTurn(t)));
+  if (noTurns(e)) box.appendChild(el("div", "turns not recorded (the record keeps its outcome only)", "meta"));
+  turnsOf(e).forEach(t => box.appendChild(renderTurn(t, e.cut === "texts")));
   renderGroup(e);
 }
 function render() { const s = state(); renderList(s); renderEpisode(s); }

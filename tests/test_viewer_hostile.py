@@ -125,12 +125,19 @@ def test_chromium_shows_records_whose_turns_or_texts_were_dropped(tmp_path):
     null_turns = {**full, "group": 1, "turns": None}
     no_texts = {**full, "group": 2, "turns": [{k: v for k, v in t.items() if k not in ("seen", "response")}
                                               for t in full["turns"]]}
-    file = write_lines(tmp_path / "e.jsonl", [json.dumps(r) for r in (no_turns, null_turns, no_texts)])
+    # as arena_train.episodes cuts a record to bound its file: "cut" says what went
+    cut_turns = {**full, "group": 3, "turns": [], "cut": "turns"}
+    cut_texts = {**full, "group": 4, "turns": [{**t, "seen": [], "response": ""} for t in full["turns"]],
+                 "cut": "texts"}
+    file = write_lines(tmp_path / "e.jsonl", [json.dumps(r) for r in (no_turns, null_turns, no_texts, cut_turns,
+                                                                       cut_texts)])
     page = make_view(file)
-    assert len(page_data(page)["episodes"]) == 3
-    seen = probe(page, [0, 1, 2])
-    assert "turns not recorded" in seen[0]["text"] and "turns not recorded" in seen[1]["text"]
+    assert len(page_data(page)["episodes"]) == 5
+    seen = probe(page, [0, 1, 2, 3, 4])
+    assert all("turns not recorded" in seen[k]["text"] for k in (0, 1, 3))
     assert seen[2]["text"].count("response not recorded") == 2 and "saw: not recorded" in seen[2]["text"]
+    assert seen[4]["text"].count("texts not recorded") == 2 and "same prompt" not in seen[4]["text"]
+    assert seen[4]["text"].count("action") == 4  # the actions and flags stay
     shot = tmp_path / "dropped.png"
     chromium(f"--screenshot={shot}", "--window-size=1100,900", f"{page.resolve().as_uri()}#episode=2")
     assert shot.stat().st_size > 5_000
