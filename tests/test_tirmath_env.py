@@ -91,9 +91,12 @@ def test_turn_limit_and_output_truncation():
 
 @pytest.mark.parametrize("code", ["raise ValueError('\\u202e' + 'e' * 100_000)", "print('\\u2066o' * 100_000)",
                                   "x = ['\\u200b' * 10**5 for _ in range(10**6)]",
-                                  "import sys\nsys.stdout.write('\\ufeffz' * 2_000_000)"])
+                                  "import sys\nsys.stdout.write('\\ufeffz' * 2_000_000)",
+                                  "import signal\nprint('\\u202ee' * 60_000, flush=True)\nsignal.raise_signal(11)",
+                                  "import os\nprint('\\u200bx' * 30_000, flush=True)\nos._exit(255)"])
 def test_every_result_path_is_bounded_and_clean(env, code):
-    """Error line, stdout, memory and output-limit results: within ``max_observation_chars``, format characters gone."""
+    """Error line, stdout, memory, output-limit, crash and exit-code results: within ``max_observation_chars``,
+    format characters gone."""
     env.reset(seed=0)
     obs, *_ = env.step(f"```python\n{code}\n```")
     assert len(obs) <= env.max_observation_chars <= 512 + 128
