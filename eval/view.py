@@ -447,12 +447,16 @@ def json_for_script(value: Any) -> str:
 
 
 def _json_object(path: Path, notes: list[str]) -> dict[str, Any] | None:
-    """The JSON object in ``path`` (a run's ``args.json`` or ``summary.json``), or None: absent, or unreadable
-    (noted, naming the file: the page is still made, without what the file would have given)."""
+    """The JSON object in ``path`` (a run's ``args.json`` or ``summary.json``), or None: absent, or unreadable or
+    over ``LINE_BYTES`` (noted, naming the file: the page is still made, without what the file would have given)."""
     if not path.is_file():
         return None
     try:
-        value = json.loads(path.read_text(encoding="utf-8"), parse_constant=_no_constant)
+        with path.open("rb") as handle:
+            raw = handle.read(LINE_BYTES + 1)
+        if len(raw) > LINE_BYTES:
+            raise ValueError(f"over {LINE_BYTES} bytes")
+        value = json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
     except (OSError, ValueError, RecursionError) as err:
         notes.append(f"{path}: not read ({_reason(err)}); the page goes without it")
         return None

@@ -58,11 +58,9 @@ PROBE = r"""<script>
     const box = document.getElementById("episode"), resp = [...box.querySelectorAll(".resp")];
     const seen = {text: box.textContent, widths: resp.map(width), markers: [...box.querySelectorAll(".cf")]
                   .map(m => m.textContent), isolation: resp.map(n => [getComputedStyle(n).unicodeBidi, n.dir])};
-    if (resp.length) {
-      const nodes = texts(resp[0]), five = nodes.find(n => n.data.includes("5")),
-            one = nodes.find(n => n.data.includes("1"));
-      seen.five_x = x(five, five.data.indexOf("5")); seen.one_x = x(one, one.data.indexOf("1"));
-    }
+    const nodes = resp.length ? texts(resp[0]) : [], five = nodes.find(n => n.data.includes("5")),
+          one = nodes.find(n => n.data.includes("1"));
+    if (five && one) { seen.five_x = x(five, five.data.indexOf("5")); seen.one_x = x(one, one.data.indexOf("1")); }
     seen.action = [...box.querySelectorAll("*")].filter(n => n.textContent === ACTION)
       .map(n => [n.tagName, getComputedStyle(n).unicodeBidi]);
     out[k] = seen;
@@ -201,6 +199,14 @@ def test_a_verdict_without_its_gain_is_a_page_saying_so(tmp_path):
     (folder / "summary.json").write_text(json.dumps({"verdict": {"start": point, "best": point, "final": point}}))
     said = notes(make_view(folder))
     assert any(str(folder / "summary.json") in n and "gain" in n for n in said), said
+
+
+def test_an_oversized_summary_is_a_page_saying_so(tmp_path, monkeypatch):
+    monkeypatch.setattr(view, "LINE_BYTES", 1_000)
+    folder = run_folder(tmp_path)
+    (folder / "summary.json").write_text(json.dumps({"verdict": None, "padding": "p" * 2_000}))
+    said = notes(make_view(folder))
+    assert any(str(folder / "summary.json") in n and "over 1000 bytes" in n for n in said), said
 
 
 def test_a_non_integer_eval_episodes_is_a_page_saying_so(tmp_path):
