@@ -10,40 +10,32 @@ file, and the newest intact earlier checkpoint is used instead only when asked (
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
+import pickle
 import re
 import shutil
+import tempfile
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
+
+from arena_train.safe_files import TMP_SUFFIX as _TMP_SUFFIX
+from arena_train.safe_files import atomic_write_text, fsync_dir
 
 MANIFEST = "manifest.json"
 POINTER = "latest.json"
 _NAME = re.compile(r"^iter_(\d{6,})$")
-_TMP_SUFFIX = ".partial"
+#: The files in which Accelerate pickles registered objects (``register_for_checkpointing``) and loads them with
+#: ``torch.load(weights_only=False)``: code, if their writer wanted. Checkpoints of runs before the JSON states hold
+#: the alarm's state there; it is read as plain data only (``_legacy_state``), never handed to Accelerate.
+_CUSTOM = re.compile(r"^custom_checkpoint_(\d+)\.pkl$")
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint that cannot be used (missing, truncated or altered file, unreadable pointer)."""
-
-
-def fsync_dir(path: Path) -> None:
-    """Make a rename or a new entry in ``path`` durable (POSIX needs the directory itself synced)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Replace ``path`` by ``text`` so that a reader sees the old or the new content, never a mix."""
-    tmp = path.with_name(f".{path.name}{_TMP_SUFFIX}")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
 
 
 def _sha256(path: Path) -> str:
@@ -105,9 +97,12 @@ def latest_checkpoint(run_dir: Path) -> tuple[Path, int] | None:
         return None
     try:
         info = json.loads(pointer.read_text())
-        return run_dir / "checkpoints" / info["dir"], int(info["iteration"])
+        name, iteration = str(info["dir"]), int(info["iteration"])
     except (ValueError, KeyError, TypeError) as err:
         raise CheckpointError(f"{pointer} is unreadable ({err})") from None
+    if not _NAME.match(name):  # "../elsewhere" would load a checkpoint from outside the run
+        raise CheckpointError(f"{pointer} names {name!r}, not a checkpoint folder (iter_NNNNNN) of the run")
+    return run_dir / "checkpoints" / name, iteration
 
 
 def find_resume_checkpoint(run_dir: Path, fallback: bool = False) -> tuple[Path, int] | None:
@@ -164,9 +159,12 @@ def _rotate(ckpt_root: Path, current: int, keep: int) -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def save_checkpoint(accelerator, run_dir: Path, iteration: int, keep: int = 2) -> None:
+def save_checkpoint(accelerator, run_dir: Path, iteration: int, keep: int = 2,
+                    states: Mapping[str, Any] | None = None) -> None:
     """Write checkpoint ``iteration`` whole or not at all, then point ``latest.json`` at it; the newest
-    ``keep`` checkpoints stay.
+    ``keep`` checkpoints stay. ``states`` (name -> an object with ``state_dict``/``load_state_dict`` of plain JSON
+    data, the collapse alarm's) are written as ``<name>.json`` beside the tensors, by the main process: JSON
+    carries no code, where Accelerate's ``register_for_checkpointing`` pickles.
 
     A failed write on any process (disk full, quota, I/O error) is reported once, by the main process, as a
     ``SystemExit`` naming the error and the previous checkpoint, which stays intact; the other processes exit
@@ -188,6 +186,9 @@ def save_checkpoint(accelerator, run_dir: Path, iteration: int, keep: int = 2) -
     if error is None:
         try:
             accelerator.save_state(str(tmp))
+            if accelerator.is_main_process:
+                for state_name, obj in (states or {}).items():
+                    atomic_write_text(tmp / f"{state_name}.json", json.dumps(obj.state_dict()))
         except Exception as err:  # noqa: BLE001 - torch/safetensors report a full disk as RuntimeError
             error = err
     failed = global_sum(accelerator, float(error is not None))
@@ -213,9 +214,117 @@ def save_checkpoint(accelerator, run_dir: Path, iteration: int, keep: int = 2) -
         raise SystemExit(1)
 
 
-def resume_latest(accelerator, run_dir: Path, fallback: bool = False) -> int:
-    """Load the newest verified checkpoint of ``run_dir`` into the prepared objects; -> its iteration (0 if the
-    run has none). The main process verifies; a damaged checkpoint is one ``SystemExit`` naming the file."""
+@contextmanager
+def _without_pickled_objects(folder: Path) -> Iterator[Path]:
+    """``folder`` as Accelerate may load it: itself, or (a checkpoint of a run before the JSON states) a temporary
+    folder of links to every entry but the ``custom_checkpoint_*.pkl`` files, which Accelerate would unpickle with
+    ``weights_only=False``. Its other files are loaded with ``weights_only=True`` or from safetensors."""
+    entries = sorted(os.listdir(folder))
+    if not any(_CUSTOM.match(name) for name in entries):
+        yield folder
+        return
+    with tempfile.TemporaryDirectory(prefix="arlarena-load-") as view:
+        for name in entries:
+            if not _CUSTOM.match(name):
+                os.symlink(folder.resolve() / name, Path(view) / name)
+        yield Path(view)
+
+
+def _legacy_state(folder: Path, index: int) -> Any:
+    """The plain data of ``custom_checkpoint_<index>.pkl`` (a run before the JSON states), read with
+    ``weights_only=True``: a file that holds anything else (code) is a ``CheckpointError`` naming it."""
+    import torch
+
+    path = folder / f"custom_checkpoint_{index}.pkl"
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, ValueError, EOFError) as err:
+        raise CheckpointError(f"{path} holds more than plain data ({_first_line(err)}); it is not loaded") from None
+
+
+def _first_line(err: BaseException) -> str:
+    """The first sentence of ``err``'s message (torch's weights-only refusals run to a page), or its type's name."""
+    text = str(err).strip()
+    return text.splitlines()[0].split(". ")[0] if text else type(err).__name__
+
+
+#: The globals a ``torch.distributed.checkpoint`` ``.metadata`` pickle (FSDP2's sharded checkpoints) may name: its
+#: own dataclasses and enums, and ``torch.Size``; torch's dtypes, layouts and memory formats are allowed by type.
+_DCP_CLASSES = {
+    "torch.distributed.checkpoint.metadata": {"ChunkStorageMetadata", "_MEM_FORMAT_ENCODING", "TensorProperties",
+                                              "TensorStorageMetadata", "BytesStorageMetadata", "StorageMeta",
+                                              "Metadata", "MetadataIndex"},
+    "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
+    "torch.serialization": {"_get_layout"},  # how a layout is pickled (torch's weights-only unpickler allows it)
+    "torch": {"Size"},
+    "pathlib": {"PosixPath", "PurePosixPath"},  # the checkpoint id torch records
+}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Unpickles a ``.metadata`` file naming only ``_DCP_CLASSES`` and torch's dtypes, layouts and memory formats:
+    torch's reader uses plain ``pickle.load``, which would call whatever else the file names."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        import torch
+
+        found = getattr(torch, name, None) if module == "torch" else None
+        if name in _DCP_CLASSES.get(module, ()) or isinstance(found, (torch.dtype, torch.layout, torch.memory_format)):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"it names {module}.{name}")
+
+
+def _sharded_problem(metadata_path: Path) -> str | None:
+    """Why the ``torch.distributed.checkpoint`` folder of ``metadata_path`` holds more than plain data (its
+    ``.metadata``, or a non-tensor entry that torch's reader loads with ``weights_only=False``), or None."""
+    import torch
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata
+
+    try:
+        with open(metadata_path, "rb") as f:
+            metadata = _MetadataUnpickler(f).load()
+    except (pickle.UnpicklingError, AttributeError, EOFError, TypeError, ValueError) as err:
+        return f"{metadata_path} holds more than plain data ({_first_line(err)})"
+    data = getattr(metadata, "storage_data", None) or {}
+    for index, info in data.items():
+        if not isinstance(metadata.state_dict_metadata.get(index.fqn), BytesStorageMetadata):
+            continue
+        path = metadata_path.parent / info.relative_path
+        if info.transform_descriptors or path.parent != metadata_path.parent:
+            return f"{metadata_path} names an entry {index.fqn!r} this project does not read ({info.relative_path})"
+        with open(path, "rb") as f:
+            f.seek(info.offset)
+            entry = io.BytesIO(f.read(info.length))
+        try:
+            torch.load(entry, weights_only=True)
+        except (pickle.UnpicklingError, RuntimeError, EOFError) as err:
+            return f"{path} holds more than plain data in entry {index.fqn!r} ({_first_line(err)})"
+    return None
+
+
+def pickled_code_problem(folder: Path) -> str | None:
+    """Why checkpoint ``folder`` cannot be loaded without running code, or None: Accelerate's own files are loaded
+    with ``weights_only=True`` (and its ``custom_checkpoint_*.pkl`` never, ``_without_pickled_objects``); FSDP2's
+    sharded folders are read by ``torch.distributed.checkpoint`` with plain pickle, so they are checked here first."""
+    for metadata_path in sorted(folder.rglob(".metadata")):
+        problem = _sharded_problem(metadata_path)
+        if problem is not None:
+            return problem
+    return None
+
+
+def load_states(folder: Path, states: Mapping[str, Any]) -> None:
+    """Restore ``states`` (``save_checkpoint``'s) from ``folder``: ``<name>.json``, or in a checkpoint of a run
+    before the JSON states the ``index``-th ``custom_checkpoint_<index>.pkl`` as plain data."""
+    for index, (name, obj) in enumerate(states.items()):
+        path = folder / f"{name}.json"
+        obj.load_state_dict(json.loads(path.read_text()) if path.is_file() else _legacy_state(folder, index))
+
+
+def resume_latest(accelerator, run_dir: Path, fallback: bool = False, states: Mapping[str, Any] | None = None) -> int:
+    """Load the newest verified checkpoint of ``run_dir`` into the prepared objects and ``states`` (as
+    ``save_checkpoint`` wrote them); -> its iteration (0 if the run has none). The main process verifies; a damaged
+    checkpoint, or one whose states hold more than plain data, is one ``SystemExit`` naming the file."""
     from accelerate.utils import broadcast_object_list
 
     found: list = [None]
@@ -231,6 +340,25 @@ def resume_latest(accelerator, run_dir: Path, fallback: bool = False) -> int:
     if found[0] is None:
         return 0
     folder, iteration = found[0]
-    accelerator.load_state(str(folder))
+    try:
+        load_checkpoint(accelerator, folder, states)
+    except CheckpointError as err:
+        raise SystemExit(f"error: cannot resume: {err}") from None
     accelerator.print(f"resumed from {folder} (iteration {iteration})")
     return iteration
+
+
+def load_checkpoint(accelerator, folder: Path, states: Mapping[str, Any] | None = None) -> None:
+    """Load checkpoint ``folder`` into the prepared objects and ``states``, never unpickling code
+    (``_without_pickled_objects``, ``load_states``); ``CheckpointError`` names a file that holds some."""
+    problem = pickled_code_problem(folder)
+    if problem is not None:
+        raise CheckpointError(f"{problem}; it is not loaded")
+    if states:
+        load_states(folder, states)  # first: a refused file leaves the prepared objects as they were
+    with _without_pickled_objects(folder) as loadable:
+        try:
+            accelerator.load_state(str(loadable))
+        except pickle.UnpicklingError as err:  # torch.load(weights_only=True) met a global it does not allow
+            raise CheckpointError(f"a file of {folder} holds more than plain data ({_first_line(err)}); it is not "
+                                  f"loaded") from None

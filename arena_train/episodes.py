@@ -5,9 +5,10 @@ A record holds the env id and split, the task seed, the episode's group and its 
 action, whether format and action were valid, the env reward, the turn's stop reason and, for training episodes,
 the advantage the update gave the turn; then the episode's return, ``won`` and its stop reason.
 
-Text is bounded per turn (``TURN_TEXT_CHARS`` per field, the cut marked) and per file (``FILE_BYTES``: later
-episodes are left out and counted); a file is written whole, atomically (``atomic_write_text``), so a reader never
-sees half of one.
+Text is bounded per turn (``TURN_TEXT_CHARS`` per field, the cut marked) and per file (``FILE_BYTES``: the last
+episodes lose their texts, then their turns, marked ``"cut"``; no episode is ever left out, so a held-out file
+holds every outcome of its evaluation); a file is written whole, atomically, never through a symbolic link
+(``arena_train.safe_files``), so a reader never sees half of one.
 
 How the records are made without a second pass over the rollout: ``TurnTap`` stands in for a
 ``wrappers.GroupRollout`` and keeps a reference to every ``Turn`` its ``step`` returns (the texts already exist;
@@ -25,13 +26,13 @@ from typing import Any
 
 import numpy as np
 
-from arena_train.checkpoint import atomic_write_text
+from arena_train.safe_files import atomic_write_text
 
 #: Version of the record layout (a reader checks it).
 SCHEMA = 1
 #: Characters kept of each text field of a turn (a message, the response); the rest is cut and the cut marked.
 TURN_TEXT_CHARS = 4000
-#: Bytes of one episodes file at most: further episodes are left out (``write_episodes`` returns how many it kept).
+#: Bytes of one episodes file the texts may fill: past them the last episodes are cut (``encode_records``).
 FILE_BYTES = 4_000_000
 #: The run folder's subfolder of episode files: ``train_<iteration>.jsonl`` and ``eval_<iteration>.jsonl``.
 EPISODES_DIR = "episodes"
@@ -143,29 +144,54 @@ def episode_record(*, env_id: str, split: str, source: str, stats: Any, group_si
     }
 
 
+def without_texts(record: dict[str, Any]) -> dict[str, Any]:
+    """``record`` with its turns' texts (what the model saw, its response) dropped, ``cut`` "texts"; the actions,
+    flags, rewards and the outcome stay."""
+    turns = [{**turn, "seen": [], "response": ""} for turn in record.get("turns", [])]
+    return {**record, "turns": turns, "cut": "texts"}
+
+
+def without_turns(record: dict[str, Any]) -> dict[str, Any]:
+    """``record`` without its turns, ``cut`` "turns": the episode's ids, length, return and outcome only."""
+    return {**record, "turns": [], "cut": "turns"}
+
+
+def _line(record: dict[str, Any]) -> str:
+    return json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n"
+
+
 def encode_records(records: Iterable[dict[str, Any]], max_bytes: int = FILE_BYTES) -> tuple[str, int]:
-    """JSON lines of ``records`` up to ``max_bytes`` in all -> (text, records kept); the first record is always
-    kept (its turn texts are bounded already)."""
-    lines, size = [], 0
-    for record in records:
-        line = json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n"
-        if lines and size + len(line.encode()) > max_bytes:
-            break
-        lines.append(line)
-        size += len(line.encode())
-    return "".join(lines), len(lines)
+    """JSON lines of every record of ``records`` -> (text, records cut). Over ``max_bytes`` in all, the last
+    records lose their turn texts (``without_texts``), then their turns (``without_turns``), until the file fits or
+    every record is cut: an episode is never left out, so whatever reads the file (the run's verdict) counts every
+    episode played."""
+    records = list(records)
+    lines = [_line(r) for r in records]
+    size = sum(len(line.encode()) for line in lines)
+    cut = 0
+    for shrink in (without_texts, without_turns):
+        for k in reversed(range(len(records))):
+            if size <= max_bytes:
+                return "".join(lines), cut
+            records[k] = shrink(records[k])
+            line = _line(records[k])
+            size += len(line.encode()) - len(lines[k].encode())
+            lines[k] = line
+            cut += shrink is without_texts
+    return "".join(lines), cut
 
 
-def write_episodes(path: Path, records: Sequence[dict[str, Any]], max_bytes: int = FILE_BYTES) -> int:
-    """Write ``records`` to ``path`` atomically, at most ``max_bytes`` -> how many were written (the rest is left
-    out, with a warning)."""
-    text, kept = encode_records(records, max_bytes)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(path, text)
-    if kept < len(records):
-        print(f"warning: {path}: {len(records) - kept} of {len(records)} episodes left out (over {max_bytes} bytes)",
-              flush=True)
-    return kept
+def write_episodes(path: Path, records: Sequence[dict[str, Any]], max_bytes: int = FILE_BYTES,
+                   inside: Path | None = None) -> int:
+    """Write ``records`` to ``path`` atomically (``arena_train.safe_files``: nothing is written through a link;
+    ``inside``: the folder the file must stay in) -> how many were written: all of them, the last ones cut over
+    ``max_bytes`` (``encode_records``, with a warning)."""
+    text, cut = encode_records(records, max_bytes)
+    atomic_write_text(path, text, inside)
+    if cut:
+        print(f"warning: {path}: the texts of {cut} of {len(records)} episodes were cut (over {max_bytes} bytes); "
+              f"every episode's outcome is kept", flush=True)
+    return len(records)
 
 
 def read_episodes(path: Path) -> list[dict[str, Any]]:
@@ -244,4 +270,4 @@ class EpisodeRecorder:
         """Write the records since the last flush to ``episode_file(run_dir, source, iteration)``."""
         for source, records in self.take(iteration).items():
             if records:
-                write_episodes(episode_file(run_dir, source, iteration), records)
+                write_episodes(episode_file(run_dir, source, iteration), records, inside=run_dir)

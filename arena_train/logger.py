@@ -1,21 +1,21 @@
 """Per-iteration metrics: one JSON line each in ``metrics.jsonl``, the same scalars in TensorBoard (and W&B).
 
 Each line is appended by a single ``write`` and fsynced, so a crash leaves at most a torn last line; a resumed
-run drops that line with a warning (a damaged line before the last is an error naming it).
+run drops that line with a warning (a damaged line before the last is an error naming it). Every file is written
+through ``arena_train.safe_files``: a symbolic link in the run folder is replaced or refused, never followed.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from arena_train.checkpoint import atomic_write_text
 from arena_train.dist import global_mean, global_sum
+from arena_train.safe_files import append_line, atomic_write_text
 
 
 def read_metric_lines(path: Path) -> list[dict[str, Any]]:
@@ -74,15 +74,7 @@ class MetricsLogger:
             self.wandb = wandb.init(project=wandb_project, name=run_name, config=config, resume="allow")
 
     def log(self, iteration: int, metrics: dict[str, float]) -> None:
-        line = (json.dumps({"iteration": iteration, **metrics}) + "\n").encode()
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            written = os.write(fd, line)
-            if written != len(line):
-                raise OSError(f"short write to {self.path} ({written} of {len(line)} bytes)")
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        append_line(self.path, (json.dumps({"iteration": iteration, **metrics}) + "\n").encode())
         for key, value in metrics.items():
             self.writer.add_scalar(key, value, iteration)
         if self.wandb is not None:

@@ -7,8 +7,9 @@ Every script calls it like the logger, after the iteration's metrics and evaluat
     metrics_out.update(step.metrics)
 
 The monitor only reads the pooled metrics dict, so every process reaches the same decision without a collective.
-Its state is a JSON-able dict (``state_dict`` / ``load_state_dict``) registered with the Accelerator, so a
-checkpoint carries it and ``--resume`` makes the same decisions. ``decide`` is the pure policy (signals + the
+Its state is a JSON-able dict (``state_dict`` / ``load_state_dict``) that every checkpoint carries as
+``monitor.json`` (``arena_train.checkpoint.save_checkpoint``'s ``states``: JSON, never a pickle), so ``--resume``
+makes the same decisions. ``decide`` is the pure policy (signals + the
 checkpoint history -> warn / stop / rollback and which checkpoint is the last healthy one); ``restore_healthy``
 carries out a stop or rollback on disk, reusing ``arena_train.checkpoint``'s verification.
 
@@ -44,6 +45,8 @@ ACTIONS = ("off", "warn", "stop", "rollback")
 #: CollapseConfig fields that are script flags under their own name; every other field is ``--collapse-<name>``
 OWN_FLAGS = ("on_collapse", "rollback_lr_scale", "max_rollbacks")
 STATE_VERSION = 1
+#: The name of the monitor's state in a checkpoint (``<name>.json``; ``save_checkpoint``'s ``states``).
+MONITOR_STATE = "monitor"
 
 
 def flag_name(field_name: str) -> str:
@@ -241,7 +244,7 @@ class CollapseMonitor:
         self.config = config
         self.state = _fresh_state()
 
-    # --- checkpointing (Accelerator.register_for_checkpointing) ------------------------------------------------
+    # --- checkpointing (save_checkpoint's states: monitor.json) ------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         return {"config": asdict(self.config), **self.state}
 
@@ -446,7 +449,7 @@ def restore_healthy(accelerator, run_dir: Path, monitor: CollapseMonitor, decisi
     is healthy and ``--resume`` continues from it with the same decisions. Returns the folder restored, or None
     when no healthy checkpoint verifies: the weights stay, the monitor records the stop, and the caller ends the
     run (a rollback included). After a rollback the caller pushes the restored weights to its rollout engine."""
-    from arena_train.checkpoint import checkpoint_folders, newest_verified_checkpoint, save_checkpoint
+    from arena_train.checkpoint import checkpoint_folders, load_checkpoint, newest_verified_checkpoint, save_checkpoint
 
     found: list = [None]
     if decision.checkpoint is not None and accelerator.is_main_process:
@@ -459,14 +462,12 @@ def restore_healthy(accelerator, run_dir: Path, monitor: CollapseMonitor, decisi
         monitor.unrestorable(decision)
         return None
     folder, healthy = found[0]
-    kept = monitor.state_dict()
-    accelerator.load_state(str(folder))  # also loads the monitor's state of then, replaced by the current one
-    monitor.load_state_dict(kept)
+    load_checkpoint(accelerator, folder)  # the weights and optimizer of then; the monitor keeps its newer state
     if optimizer is not None:
         for group in optimizer.param_groups:  # each group's own rate (PPO's critic has another), as first set
             group["lr"] = group.setdefault("base_lr", group["lr"]) * decision.lr_scale
     monitor.restored(healthy, iteration)
-    save_checkpoint(accelerator, run_dir, iteration, keep)
+    save_checkpoint(accelerator, run_dir, iteration, keep, {MONITOR_STATE: monitor})
     if accelerator.is_main_process:
         for it, stale in checkpoint_folders(run_dir):
             if healthy < it < iteration:

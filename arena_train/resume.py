@@ -9,7 +9,9 @@ values the run was started with are never written over.
 
 Before any of that: ``--resume`` of a folder without a run is an error naming the folder and the runs that exist
 beside it (a typo in ``--run-name`` must not train a new run), and ``--resume`` of a finished run says how to
-extend it (a larger ``--num-iterations``).
+extend it (a larger ``--num-iterations``). Settings that reach the network (``ASKED``: the env servers) are never
+taken from the record: a run folder may come from someone else, and its ``args.json`` must not choose the machines
+that play the training; a recorded one not given again is refused, naming it.
 """
 
 from __future__ import annotations
@@ -35,9 +37,13 @@ MID_RUN = frozenset({
 #: Recipe fields added after runs were recorded, with the value every run recorded before them had: such a run's
 #: args.json lacks the field, and it resumes with that value, not with today's default (episode streams became the
 #: default after runs had trained without them).
-INTRODUCED = {"episode_streams": False}
+INTRODUCED = {"episode_streams": False, "chat_template": None, "chat_template_kwargs": ""}
 #: The env mixture is the run's data: it never changes on resume (``arena_train.mixture.resume_problem``).
 MIXTURE = ("env_id", "env_weights")
+#: Fields that reach the network: a resumed run takes them from its command line only, never from ``args.json``
+#: (whoever wrote the folder would pick the machines that play its training episodes); a recorded value not given
+#: again is refused, naming it (``network_problem``).
+ASKED = ("env_servers",)
 #: What a training script writes into its run folder that makes it a run (``arena_train.run.RUN_ENTRIES``' core).
 RUN_MARKERS = ("args.json", "metrics.jsonl", "checkpoints")
 
@@ -198,6 +204,19 @@ def script_problem(run_dir: Path, recorded_name: str | None, name: str | None) -
             "that name")
 
 
+def network_problem(run_dir: Path, values: dict[str, Any], given: set[str]) -> str | None:
+    """Why ``--resume`` cannot go on without one of the ``ASKED`` flags the run recorded (one line naming the
+    recorded value and how to give it, or to play locally), or None."""
+    for name in ASKED:
+        recorded_value = values.get(name)
+        if recorded_value and name not in given:
+            shown = _shown(recorded_value)
+            return (f"error: --resume: {run_dir} played on {flag(name)} {shown} (its args.json); a resumed run plays "
+                    f"only on servers its command line names: give {flag(name)} {shown} to use them, or "
+                    f"{flag(name)} alone to play locally")
+    return None
+
+
 def resume_args(args: Any, argv: Sequence[str]) -> Any:
     """``args`` of a ``--resume`` run: the recorded values of the run for every flag not given in ``argv``; a given
     flag that differs from the record is a one-line ``SystemExit`` listing every difference, unless ``MID_RUN`` or
@@ -217,6 +236,8 @@ def resume_args(args: Any, argv: Sequence[str]) -> Any:
                                else None)
     if problem is None:
         overrides, problem = override_names(args.run.resume_override, set(fields))
+    if problem is None:
+        problem = network_problem(run_dir, values, given)
     if problem is None and "exp_name" not in given:
         problem = script_problem(run_dir, values.get("exp_name"), getattr(args, "exp_name", None))
     if problem is None and given & set(MIXTURE):  # the same mixture may be written another way (1 1 = 0.5 0.5)
@@ -224,7 +245,8 @@ def resume_args(args: Any, argv: Sequence[str]) -> Any:
                                                         check_registry=False))
     if problem is not None:
         raise SystemExit(problem)
-    keep = {k: v for k, v in values.items() if k in fields and k not in CONTROL and (k in MIXTURE or k not in given)}
+    keep = {k: v for k, v in values.items() if k in fields and k not in CONTROL and k not in ASKED
+            and (k in MIXTURE or k not in given)}
     resumed = replace_flat(args, **keep)
     differ = changed_values(record, flat_args(resumed))
     refused = [k for k in differ if k not in MID_RUN and k not in overrides]

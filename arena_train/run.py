@@ -27,49 +27,69 @@ deleted.
 from __future__ import annotations
 
 import atexit
+import fcntl
 import os
 import shutil
+import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
+from arena_train import chat
 from arena_train.checkpoint import resume_latest, save_checkpoint
 from arena_train.cli import EngineArgs, EvalArgs, RunArgs
 from arena_train.dist import param_sync_error
 from arena_train.episodes import EPISODES_DIR, EpisodeRecorder, file_iteration
 from arena_train.logger import MetricsLogger
 from arena_train.mixture import FailureStreak, Mixture, MixtureRollout, check_resume
-from arena_train.monitor import CollapseConfig, CollapseMonitor, checkpoints_to_keep, restore_healthy
+from arena_train.monitor import MONITOR_STATE, CollapseConfig, CollapseMonitor, checkpoints_to_keep, restore_healthy
 from arena_train.resume import run_name_for, updated_record
 from arena_train.rollout import RolloutConfig
+from arena_train.safe_files import first_link, list_entries, remove_entries
 from arena_train.streams import training_seed
 from arena_train.verdict import run_verdict, verdict_line
 
 #: What a training script writes into its run folder.
 RUN_ENTRIES = ("metrics.jsonl", "checkpoints", "tb", "final", "args.json", "summary.json", EPISODES_DIR)
+#: The run folder's lock file (``lock_run``): not one of the run's files, it never makes a folder hold a run.
+LOCK = ".run.lock"
 
 
 def writable_problem(folder: Path) -> str | None:
     """Why ``folder`` cannot be created or written to (one line that names it), or None."""
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        probe = folder / f".write-test-{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
+        fd, probe = tempfile.mkstemp(prefix=".write-test-", dir=folder)  # O_EXCL: a planted name is not followed
+        os.close(fd)
+        os.unlink(probe)
     except OSError as err:
         return f"error: the output folder {folder} is not writable ({err.strerror or err}); choose another --output-dir"
+    return None
+
+
+def flags_problem(resume: bool, overwrite: bool) -> str | None:
+    """Why these run-folder flags contradict each other, or None."""
+    if resume and overwrite:
+        return "error: --resume continues a run, --overwrite deletes it: give one of them"
     return None
 
 
 def run_dir_problem(run_dir: Path, resume: bool, overwrite: bool, entries: Sequence[str] = RUN_ENTRIES,
                     resumable: bool = True) -> str | None:
     """Why a run cannot start in ``run_dir`` with these flags (one line that says what to do), or None;
-    ``entries`` are the files that make a run, ``resumable`` whether the script has ``--resume``."""
-    if resume and overwrite:
-        return "error: --resume continues a run, --overwrite deletes it: give one of them"
-    found = [name for name in entries if (run_dir / name).exists()]
+    ``entries`` are the files that make a run, ``resumable`` whether the script has ``--resume``. An entry that is
+    a symbolic link (or holds one) is refused: the run would write, or delete, through it (``--overwrite``
+    deletes the link itself)."""
+    problem = flags_problem(resume, overwrite)
+    if problem is not None:
+        return problem
+    found = [name for name in entries if os.path.lexists(run_dir / name)]
+    link = None if overwrite else first_link(run_dir, found)
+    if link is not None:
+        return (f"error: {link} is a symbolic link (to {os.readlink(link)}); a run writes only into its own folder: "
+                f"remove the link{' or pass --overwrite to delete the run' if resumable else ''}")
     if found and not resume and not overwrite:
         how = "pass --resume to continue it or --overwrite" if resumable else "pass --overwrite"
         return f"error: {run_dir} already holds a run ({', '.join(found)}); {how} to delete it and start over"
@@ -80,29 +100,63 @@ def run_dir_problem(run_dir: Path, resume: bool, overwrite: bool, entries: Seque
 
 
 def clear_run(run_dir: Path, entries: Sequence[str] = RUN_ENTRIES) -> None:
-    """Delete the files of the run in ``run_dir`` (``--overwrite``)."""
+    """Delete the files of the run in ``run_dir`` (``--overwrite``); a link is deleted itself, never followed."""
     for name in entries:
         path = run_dir / name
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path)
-        elif path.exists() or path.is_symlink():
+        elif os.path.lexists(path):
             path.unlink()
 
 
-def prepare_run_dir(accelerator, run_dir: Path, resume: bool, overwrite: bool) -> None:
-    """Check ``run_dir`` for these flags and create it (clearing an old run on ``overwrite``), on the main
-    process; a problem is one ``SystemExit`` printed by the main process, the others exit quietly."""
+def lock_run(run_dir: Path) -> tuple[int | None, str | None]:
+    """(descriptor holding ``run_dir``'s lock, None), or (None, why not: one line). The lock is an exclusive
+    ``flock`` on ``LOCK`` in the folder, held as long as the descriptor stays open: the kernel drops it when the
+    process ends, a crash included, so a stale lock never blocks a ``--resume``."""
+    path = run_dir / LOCK
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError as err:
+        if path.is_symlink():
+            return None, f"error: {path} is a symbolic link; a run writes only into its own folder: remove the link"
+        return None, writable_problem(run_dir) or f"error: {path} cannot be opened ({err.strerror or err})"
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        return None, (f"error: {run_dir} is in use by a live run (process {holder} holds {path}); wait for it to end "
+                      f"or give another --run-name")
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd, None
+
+
+def prepare_run_dir(accelerator, run_dir: Path, resume: bool, overwrite: bool) -> int | None:
+    """Take the run folder's lock, check it for these flags and clear an old run on ``overwrite``, on the main
+    process -> the lock's descriptor (keep it open for the run's life; None on the other processes). The lock comes
+    before any of the run's files is read or written, so a second start, or a ``--resume`` of a live run, is
+    refused; a problem is one ``SystemExit`` printed by the main process, the others exit quietly."""
     from accelerate.utils import broadcast_object_list
 
     problem: list[str | None] = [None]
+    lock = None
     if accelerator.is_main_process:
-        problem[0] = run_dir_problem(run_dir, resume, overwrite)
+        problem[0] = flags_problem(resume, overwrite)
+        if problem[0] is None:
+            lock, problem[0] = lock_run(run_dir)
+        if problem[0] is None:
+            problem[0] = run_dir_problem(run_dir, resume, overwrite)
         if problem[0] is None and overwrite:
             clear_run(run_dir)
     if accelerator.num_processes > 1:
         broadcast_object_list(problem)
     if problem[0] is not None:
+        if lock is not None:
+            os.close(lock)
         raise SystemExit(problem[0] if accelerator.is_main_process else 1)
+    return lock
 
 
 def first_missing(path: Path) -> Path | None:
@@ -116,13 +170,14 @@ def first_missing(path: Path) -> Path | None:
 
 
 def discard_unstarted(run: Run, created: Path) -> None:
-    """At exit: delete the folder of a run that ended before it logged anything (a start-up error: a model that
-    does not load, prompts that do not fit, an env that does not start), and the empty folders its start made up to
-    ``created``, so the corrected command is not refused as a second run. A run that logged a line keeps all."""
+    """At exit: delete the files of a run that ended before it logged anything (a start-up error: a model that
+    does not load, prompts that do not fit, an env that does not start), then its folder and the folders its start
+    made up to ``created`` while they are empty, so the corrected command is not refused as a second run. A file
+    another program put there meanwhile stays, and so does its folder. A run that logged a line keeps all."""
     if run.logger is not None and run.logger.logged:
         return
-    shutil.rmtree(run.run_dir, ignore_errors=True)
-    for folder in run.run_dir.parents:
+    clear_run(run.run_dir, (*RUN_ENTRIES, LOCK))
+    for folder in (run.run_dir, *run.run_dir.parents):
         if created not in (folder, *folder.parents):
             break
         try:
@@ -173,6 +228,7 @@ class Run:
     _eval_sampling: RolloutConfig | None = field(default=None, repr=False)
     _bar: Any = field(default=None, repr=False)
     _postfix: dict[str, str] = field(default_factory=dict, repr=False)
+    _lock: int | None = field(default=None, repr=False)  # the run folder's lock, held for the process's life
 
     @classmethod
     def start(cls, run: RunArgs, engine: EngineArgs, eval_args: EvalArgs, mixture: Mixture, *, exp_name: str,
@@ -204,9 +260,10 @@ class Run:
         set_seed(seed + accelerator.process_index)
         run_dir = Path(run.output_dir) / run.run_name
         created = first_missing(run_dir) if accelerator.is_main_process else None
-        prepare_run_dir(accelerator, run_dir, run.resume, run.overwrite)
+        lock = prepare_run_dir(accelerator, run_dir, run.resume, run.overwrite)
         new = cls(run, engine, eval_args, mixture, exp_name, seed, model_path, accelerator, run_dir, dtype=(
-            torch.bfloat16 if engine.mixed_precision == "bf16" and torch.cuda.is_available() else torch.float32))
+            torch.bfloat16 if engine.mixed_precision == "bf16" and torch.cuda.is_available() else torch.float32),
+            _lock=lock)
         if created is not None:  # a start-up error from here on must not leave a run behind (see discard_unstarted)
             atexit.register(discard_unstarted, new, created)
         require_supported(accelerator, engine.lora_rank)
@@ -222,10 +279,14 @@ class Run:
 
     def rollout_backend(self, policy, tokenizer, *, max_model_len: int, max_num_seqs: int):
         """The rollout engine (``--rollout-backend``): vLLM, or transformers generate (sharded: an unsharded copy
-        fed from the shards); seeded per process."""
+        fed from the shards); seeded per process. First the tokenizer's chat format (``--chat-template``,
+        ``--chat-template-kwargs``, the end-of-turn ids of the policy's generation config: ``arena_train.chat``),
+        which every prompt, stop and trajectory delta of the run then uses."""
         from arena_train.sharding import make_rollout_backend
 
         e = self.engine
+        generation_config = getattr(self.accelerator.unwrap_model(policy), "generation_config", None)
+        chat.configure(tokenizer, generation_config, e.chat_template, chat.parse_kwargs(e.chat_template_kwargs))
         self._backend = make_rollout_backend(
             e.rollout_backend, self.accelerator, policy, tokenizer, self.model_path, self.dtype,
             seed=self.seed + self.rank, max_model_len=max_model_len, mixed_precision=e.mixed_precision,
@@ -239,11 +300,18 @@ class Run:
         workers (``--env-workers``); the held-out split keeps rollout and evaluation tasks apart. Checks that the
         prompts fit ``sampling``'s budget and starts the env-failure streak (``--max-env-failures``)."""
         e = self.engine
+        if e.env_servers:  # the network the run plays on is said before the first session opens
+            self.accelerator.print(f"env servers: the training episodes play on {', '.join(e.env_servers)}")
         rollouts = MixtureRollout(self.mixture, make_env, num_groups // self.world, group_size,
                                   max(self.eval.eval_episodes // self.world, 1), self.eval.eval_split,
                                   env_workers=e.env_workers, step_timeout=e.env_step_timeout,
                                   env_servers=e.env_servers, overlap_turns=e.overlap_turns)
         rollouts.require_prompts_fit(tokenizer, sampling, seed=self.seed)
+        if sampling.row_layout == "trajectory" and not chat.format_of(tokenizer).prefix_preserving:
+            self.accelerator.print(
+                "chat template: earlier turns render differently once a message follows (e.g. Qwen3 drops their "
+                "<think>); trajectory rows keep the sampled tokens, as the template's training variant renders them "
+                "(--chat-template <name>_training; docs/real_models.md)")
         self.env_failures = FailureStreak(e.max_env_failures, rollouts)
         rollouts.recorder = EpisodeRecorder(self.run.log_episodes if self.accelerator.is_main_process else 0)
         self._tokenizer, self._rollouts = tokenizer, rollouts
@@ -252,19 +320,18 @@ class Run:
         return rollouts
 
     def resume(self, collapse: CollapseConfig, optimizer, config: dict[str, Any]) -> int:
-        """The alarm (its state travels in every checkpoint), ``--resume`` of the newest verified checkpoint, the
-        logger (``config`` is written to args.json; a resumed run's args.json keeps its start values and gets the
+        """The alarm (its state travels in every checkpoint, as JSON), ``--resume`` of the newest verified checkpoint,
+        the logger (``config`` is written to args.json; a resumed run's args.json keeps its start values and gets the
         changed ones appended, ``arena_train.resume.updated_record``) and, for a stop or rollback alarm,
         checkpoint 0 (the start weights: a healthy checkpoint for a collapse in the first iterations). -> the
         first iteration to run."""
         acc, self.optimizer = self.accelerator, optimizer
         self.monitor = CollapseMonitor(collapse)
-        acc.register_for_checkpointing(self.monitor)
         self.keep = checkpoints_to_keep(collapse, self.run.checkpoint_every)  # a healthy one survives an alarm
         if self.run.resume:  # before the logger rewrites args.json, the record of the run's mixture
             check_resume(acc, self.run_dir, self.mixture)
-        self.start_iteration = 1 + (resume_latest(acc, self.run_dir, self.run.resume_fallback) if self.run.resume
-                                    else 0)
+        self.start_iteration = 1 + (resume_latest(acc, self.run_dir, self.run.resume_fallback, self._states)
+                                    if self.run.resume else 0)
         if acc.is_main_process:  # a resumed run's args.json keeps its start values; changes are appended
             config = {**config, "world_size": self.world}
             self.logger = MetricsLogger(self.run_dir, self.start_iteration,
@@ -273,8 +340,13 @@ class Run:
                                         if self.run.resume else config)
         if self.start_iteration == 1 and collapse.on_collapse in ("stop", "rollback"):
             self.monitor.checkpointed(0)
-            save_checkpoint(acc, self.run_dir, 0, self.keep)
+            save_checkpoint(acc, self.run_dir, 0, self.keep, self._states)
         return self.start_iteration
+
+    @property
+    def _states(self) -> dict[str, CollapseMonitor]:
+        """What a checkpoint carries as JSON beside the tensors: the alarm's state."""
+        return {MONITOR_STATE: self.monitor}
 
     def iterations(self, num_iterations: int) -> Iterator[int]:
         """Iterations ``start_iteration .. num_iterations`` under a progress bar (main process) that shows the
@@ -328,10 +400,10 @@ class Run:
         """Delete the episode files of ``iteration`` and later (a resumed run plays them again)."""
         if not self.accelerator.is_main_process:
             return
-        for path in (self.run_dir / EPISODES_DIR).glob("*.jsonl"):
-            found = file_iteration(path)
-            if found is not None and found >= iteration:
-                path.unlink()
+        folder = self.run_dir / EPISODES_DIR
+        names = [n for n in list_entries(folder, self.run_dir) if n.endswith(".jsonl")
+                 and (found := file_iteration(Path(n))) is not None and found >= iteration]
+        remove_entries(folder, names, self.run_dir)  # a linked file goes itself; a linked folder is refused
 
     def _record(self, iteration: int, metrics: dict[str, float]) -> None:
         """The episode records since the last iteration into ``episodes/``, and the progress bar's figures."""
@@ -373,7 +445,7 @@ class Run:
         every = self.run.checkpoint_every
         if (every > 0 and iteration % every == 0) or iteration == self._last:
             self.monitor.checkpointed(iteration)
-            save_checkpoint(self.accelerator, self.run_dir, iteration, self.keep)
+            save_checkpoint(self.accelerator, self.run_dir, iteration, self.keep, self._states)
 
     def finish(self, policy, tokenizer, backend, rollouts: MixtureRollout) -> None:
         """Close the env workers; after env failures exit naming the env and its error (the last checkpoint

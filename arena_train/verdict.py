@@ -5,7 +5,9 @@ Every in-run evaluation plays the same held-out task seeds (``rollout.held_out_s
 ...), so the start and the final evaluation can be compared task by task: the gain's interval is Newcombe's paired
 one (``eval.stats.paired_difference_ci``) over the (env, task seed) pairs both evaluations scored. The outcomes are
 read from the run's held-out episode records (``episodes/eval_<iteration>.jsonl``), so a resumed run's verdict
-still starts at the iteration-0 evaluation of its first part.
+still starts at the iteration-0 evaluation of its first part. Those files keep every episode played (over their
+size cap an episode loses its texts, never its outcome: ``arena_train.episodes.encode_records``), so each point
+counts every held-out episode, as ``eval/success_rate`` does, and says how many.
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ def run_verdict(run_dir: Path) -> dict[str, Any] | None:
 
 def _pct(point: dict[str, Any]) -> str:
     return (f"{100 * point['success']:.1f}% [{100 * point['low']:.1f}, {100 * point['high']:.1f}] "
-            f"(iteration {point['iteration']})")
+            f"(iteration {point['iteration']}, {point['episodes']} episodes)")
 
 
 def verdict_line(verdict: dict[str, Any] | None) -> str:

@@ -31,6 +31,7 @@ import tyro  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 
+from arena_train.safe_files import save_figure  # noqa: E402
 from eval.report import Run, env_label, load_runs, method_order  # noqa: E402
 from eval.stability import EVAL_SUCCESS_KEY, StabilityConfig  # noqa: E402
 
@@ -205,8 +206,7 @@ def main(args: Args) -> int:
         print("error: no run with held-out evaluations under " + " ".join(map(str, args.runs)))
         return 1
     fig = draw(curves, args.title or default_title(args.runs))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(args.out, dpi=100)
+    save_figure(fig, args.out, dpi=100)
     plt.close(fig)
     print(table(curves))
     print(f"wrote {args.out}")

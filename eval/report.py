@@ -35,6 +35,7 @@ import numpy as np  # noqa: E402
 import tyro  # noqa: E402
 
 from arena_train.mixture import env_name  # noqa: E402
+from arena_train.safe_files import atomic_write_text, save_figure  # noqa: E402
 from eval.runlog import METRICS_FILE, RunLog, RunLogError  # noqa: E402
 from eval.stability import (  # noqa: E402
     EVAL_SUCCESS_KEY,
@@ -315,7 +316,7 @@ def plot_dynamics(runs: list[Run], env: str, out_stem: Path, baseline: str = "GR
     fig.tight_layout(rect=(0, 0.06, 1, 0.96))
     paths = [out_stem.with_suffix(".png"), out_stem.with_suffix(".pdf")]
     for path in paths:
-        fig.savefig(path, dpi=110)
+        save_figure(fig, path, dpi=110)
     plt.close(fig)
     return paths
 
@@ -357,9 +358,9 @@ def write_report(runs: list[Run], out: Path, baseline: str = "GRPO", source: str
     out.mkdir(parents=True, exist_ok=True)
     table = results_table(runs, baseline, source, final_window)
     files = {"table.md": out / "table.md", "table.tex": out / "table.tex", "stability.json": out / "stability.json"}
-    files["table.md"].write_text(table_markdown(table))
-    files["table.tex"].write_text(table_latex(table))
-    files["stability.json"].write_text(json.dumps([r.stability.as_dict() for r in runs], indent=2))
+    atomic_write_text(files["table.md"], table_markdown(table))
+    atomic_write_text(files["table.tex"], table_latex(table))
+    atomic_write_text(files["stability.json"], json.dumps([r.stability.as_dict() for r in runs], indent=2))
     figures = []
     for env in sorted({r.env for r in runs}, key=env_label):
         png, pdf = plot_dynamics(runs, env, out / f"dynamics_{re.sub(r'[^A-Za-z0-9_.-]', '_', env_label(env))}",
@@ -375,7 +376,7 @@ def write_report(runs: list[Run], out: Path, baseline: str = "GRPO", source: str
     if alarms:
         md += ["", "In-run alarm events:", ""] + [f"- {line}" for line in alarms]
     files["report.md"] = out / "report.md"
-    files["report.md"].write_text("\n".join(md) + "\n")
+    atomic_write_text(files["report.md"], "\n".join(md) + "\n")
     imgs = "".join(f"<h3>{html.escape(env)}</h3><img alt='{html.escape(env)}' src='data:image/png;base64,"
                    f"{base64.b64encode(png.read_bytes()).decode()}'>" for env, png in figures)
     cells = lambda row, tag: "".join(f"<{tag}>{html.escape(c)}</{tag}>" for c in row)  # noqa: E731
@@ -386,7 +387,8 @@ def write_report(runs: list[Run], out: Path, baseline: str = "GRPO", source: str
     style = ("body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;margin:1em 0}"
              "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}img{max-width:100%}")
     files["report.html"] = out / "report.html"
-    files["report.html"].write_text(
+    atomic_write_text(
+        files["report.html"],
         f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>ARLArena report</title><style>{style}</style>"
         f"</head><body><h1>Results</h1>{table_html(table)}<h2>Training dynamics</h2>{imgs}"
         f"<h2>Stability per run</h2>{stab}</body></html>\n")

@@ -290,7 +290,6 @@ def prepared():
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     model, optimizer = accelerator.prepare(model, optimizer)
     monitor = CollapseMonitor(CollapseConfig(on_collapse="rollback"))
-    accelerator.register_for_checkpointing(monitor)
     return accelerator, model, optimizer, monitor
 
 
@@ -308,7 +307,7 @@ def test_restore_healthy_rolls_back_durably(prepared, tmp_path):
         monitor.update(it, {"actor/grad_norm": 1.0})
         if it % 10 == 0:
             monitor.checkpointed(it)
-            save_checkpoint(accelerator, tmp_path, it, keep=3)
+            save_checkpoint(accelerator, tmp_path, it, keep=3, states={"monitor": monitor})
             weights[it] = {k: v.clone() for k, v in model.state_dict().items()}
     step = monitor.update(36, {"actor/grad_norm": float("nan")})
     monitor_state = monitor.state_dict()
@@ -327,8 +326,7 @@ def test_restore_healthy_rolls_back_durably(prepared, tmp_path):
     # --resume: a fresh run gets the restored weights, the lowered learning rate and the monitor's decisions
     train_step(model, optimizer)
     fresh = CollapseMonitor(CollapseConfig(on_collapse="rollback"))
-    accelerator._custom_objects[:] = [fresh]
-    assert resume_latest(accelerator, tmp_path) == 36
+    assert resume_latest(accelerator, tmp_path, states={"monitor": fresh}) == 36
     for k, v in model.state_dict().items():
         torch.testing.assert_close(v, weights[20][k])
     assert all(g["lr"] == pytest.approx(5e-3) for g in optimizer.param_groups)

@@ -10,6 +10,7 @@ import pytest
 
 from arena_train.memory import dry_run_exit_code
 from arena_train.run import (
+    LOCK,
     clear_run,
     default_threads,
     discard_unstarted,
@@ -54,8 +55,8 @@ def test_other_files_do_not_make_a_run(tmp_path):
 
 def test_overwrite_deletes_the_run_and_only_the_run(accelerator, tmp_path):
     run_dir = old_run(tmp_path / "r")
-    prepare_run_dir(accelerator, run_dir, resume=False, overwrite=True)
-    assert sorted(p.name for p in run_dir.iterdir()) == ["stdout.log"]
+    os.close(prepare_run_dir(accelerator, run_dir, resume=False, overwrite=True))
+    assert sorted(p.name for p in run_dir.iterdir()) == [LOCK, "stdout.log"]  # the lock is no file of the run
     clear_run(run_dir)  # nothing left to delete is fine
     assert run_dir_problem(run_dir, resume=False, overwrite=False) is None
 

@@ -80,12 +80,16 @@ def test_a_tap_keeps_the_last_attempt_of_a_replayed_group_and_forwards_the_rest(
 
 
 def test_files_are_bounded_atomic_and_read_back(tmp_path):
-    records = [{"schema": SCHEMA, "episode": k, "turns": [{"response": "y" * 1000}]} for k in range(10)]
-    text, kept = encode_records(records, max_bytes=3500)
-    assert kept == 3 and len(text.encode()) <= 3500
+    records = [{"schema": SCHEMA, "episode": k, "won": k % 2 == 0,
+                "turns": [{"seen": [], "response": "y" * 1000}]} for k in range(10)]
+    text, cut = encode_records(records, max_bytes=3500)
+    assert cut == 8 and len(text.encode()) <= 3500  # the last 8 lose their texts; no episode is left out
     path = tmp_path / "episodes" / "eval_000000.jsonl"
-    assert write_episodes(path, records, max_bytes=3500) == 3
-    assert read_episodes(path) == records[:3] and read_episodes(path.parent) == records[:3]
+    assert write_episodes(path, records, max_bytes=3500) == 10
+    back = read_episodes(path)
+    assert back[:2] == records[:2] and read_episodes(path.parent) == back
+    assert [(r["episode"], r["won"]) for r in back] == [(r["episode"], r["won"]) for r in records]
+    assert [r.get("cut") for r in back] == [None] * 2 + ["texts"] * 8 and back[2]["turns"][0]["response"] == ""
     assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temporary file left
     path.write_text(json.dumps({"schema": SCHEMA + 1}) + "\n")
     with pytest.raises(SystemExit, match="schema"):
