@@ -50,7 +50,6 @@ from typing import IO, Any
 import tyro
 
 from arena_train.episodes import EPISODES_DIR, SCHEMA
-from arena_train.safe_files import atomic_write_text
 from eval.stats import proportion_ci
 
 #: Bytes of one record line at most: a longer line is left out (the page notes it), so memory stays bounded.
@@ -122,6 +121,7 @@ def check_record(record: Any) -> None:
 
 
 def _no_constant(name: str) -> None:
+    """Refuse NaN and Infinity, which Python's JSON reads but the page's JSON cannot hold."""
     raise ValueError(f"{name} is not a number JSON allows")
 
 
@@ -188,6 +188,7 @@ def _cut(text: str | None, limit: int) -> tuple[str | None, int]:
 
 
 def _page_turn(turn: dict[str, Any], turn_chars: int) -> dict[str, Any]:
+    """A turn as the page holds it: its response and messages cut, each with the count of characters cut."""
     response, more = _cut(turn.get("response"), turn_chars)
     out = {**turn, "response": response, "response_more": more}
     if isinstance(turn.get("seen"), list):
@@ -205,6 +206,7 @@ def page_episode(record: dict[str, Any], turn_chars: int) -> dict[str, Any]:
 
 
 def _page_size(item: dict[str, Any]) -> int:
+    """Bytes ``item`` takes in the page: the budget is spent on what the page holds, not on the record's size."""
     return len(json_for_script(item).encode()) + 1  # as the page holds it, with its comma
 
 
@@ -232,6 +234,7 @@ class Block:
         self.size += size
 
     def entries(self) -> Iterator[tuple[int, int, int, int]]:
+        """(file, offset, line, size) of each record kept."""
         for k in range(0, len(self.places), 4):
             yield tuple(self.places[k:k + 4])
 
@@ -293,6 +296,7 @@ def _spread(values: list[Any], k: int) -> list[Any]:
 
 
 def _iteration_key(iteration: int | None) -> tuple[bool, int]:
+    """Iterations in order, None (an eval.evaluate file's records) last."""
     return iteration is None, iteration or 0
 
 
@@ -358,6 +362,8 @@ def load_episodes(files: list[Path], places: list[tuple[int, int, int, int]], tu
 
 
 def _metrics(run: Path) -> list[dict[str, Any]]:
+    """The run's metrics rows in iteration order; an iteration that is not an integer (the curve's axis) is an
+    error naming the file, counting its records as ``read_metric_lines`` does (blank lines skipped)."""
     path = run / "metrics.jsonl"
     if not path.is_file():
         return []
@@ -366,7 +372,7 @@ def _metrics(run: Path) -> list[dict[str, Any]]:
     rows = read_metric_lines(path)
     for number, row in enumerate(rows, start=1):
         if type(row["iteration"]) is not int:
-            raise SystemExit(f"error: {path} line {number}: its iteration is {_preview(row['iteration'])}, "
+            raise SystemExit(f"error: {path}: the iteration of its record {number} is {_preview(row['iteration'])}, "
                              "not an integer")
     by_iteration = {r["iteration"]: r for r in rows}  # a resumed run: the last line wins
     return [by_iteration[i] for i in sorted(by_iteration)]
@@ -502,6 +508,7 @@ def summary_part(verdict: str | None, notes: list[str]) -> str:
 
 
 def left_out_note(held: int, total: int, max_bytes: int) -> list[str]:
+    """The note saying how many records the page's budget left out (none when it holds them all)."""
     if held >= total:
         return []
     return [f"{total - held} of the {total} records are not in this page: its budget (--max-bytes {max_bytes}) "
@@ -509,6 +516,7 @@ def left_out_note(held: int, total: int, max_bytes: int) -> list[str]:
 
 
 def build_page(title: str, episodes: list[dict[str, Any]], total: int, svg: str, summary_html: str) -> str:
+    """The page: the title travels with the records as data (a file's name is text like theirs)."""
     data = json_for_script({"title": title, "episodes": episodes, "total": total})
     return _TEMPLATE.replace("__SVG__", svg).replace("__SUMMARY__", summary_html).replace("__DATA__", data)
 
@@ -533,7 +541,8 @@ def make_view(source: Path, out: Path | None = None, max_bytes: int = 4_000_000,
         out = out or source.with_suffix(".html")
     episodes = load_episodes(records.files, choose_places(page_order(records.blocks), max_bytes), turn_chars)
     summary_html = summary_part(verdict, notes + left_out_note(len(episodes), len(records), max_bytes))
-    atomic_write_text(out, build_page(source.name, episodes, len(records), svg, summary_html))  # a link is replaced
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(build_page(source.name, episodes, len(records), svg, summary_html), encoding="utf-8")
     return out
 
 
@@ -716,7 +725,7 @@ function renderTexts(box, t) {
   if (!Array.isArray(t.seen)) box.appendChild(el("div", "what the model saw: not recorded", "meta"));
   else if (!t.seen.length) box.appendChild(el("div", "(the same prompt as the turn before)", "meta"));
   else t.seen.forEach(m => {
-    box.appendChild(fields([["", m.role === null || m.role === undefined ? "-" : m.role]]));
+    box.appendChild(fields([["", m.role]]));
     box.appendChild(m.content === null || m.content === undefined ? el("div", "not recorded", "meta")
       : txt("div", m.content, "msg", m.more));
   });
@@ -758,7 +767,7 @@ function renderEpisode(s) {
   document.getElementById("group").textContent = "";
   const e = s.episode === undefined ? undefined : EPS[Number(s.episode)];
   if (!e) { box.textContent = "Click an episode."; return; }
-  box.appendChild(fields([["", e.source === null ? "-" : e.source], ["env", e.env_id], ["split", e.split],
+  box.appendChild(fields([["", e.source], ["env", e.env_id], ["split", e.split],
     ["iteration", e.iteration], ["group", e.group], ["sample", e.sample], ["task seed", e.task_seed],
     ["return", e["return"]], ["", outcome(e)], ["stop", e.stop]]));
   if (noTurns(e)) box.appendChild(el("div", "turns not recorded (the record keeps its outcome only)", "meta"));

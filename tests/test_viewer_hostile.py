@@ -219,7 +219,8 @@ def test_a_non_integer_eval_episodes_is_a_page_saying_so(tmp_path):
 def test_a_metrics_line_with_a_text_iteration_is_one_line_naming_the_file(tmp_path):
     folder = run_folder(tmp_path)
     write_lines(folder / "metrics.jsonl", [json.dumps({"iteration": 0}), json.dumps({"iteration": "1"})])
-    with pytest.raises(SystemExit, match=re.escape(f"error: {folder / 'metrics.jsonl'} line 2: ")):
+    said = f"error: {folder / 'metrics.jsonl'}: the iteration of its record 2 is '1'"
+    with pytest.raises(SystemExit, match=re.escape(said)):
         make_view(folder)
 
 
