@@ -106,6 +106,8 @@ def _check_fields(value: Any, fields: dict[str, tuple[type, ...]], where: str, r
         if key in value and type(value[key]) not in kinds:
             wanted = " or ".join(dict.fromkeys(_JSON_NAMES[k] for k in kinds))
             raise ValueError(f"{where}'s {key!r} is {_preview(value[key])}, not {wanted}")
+        if type(value.get(key)) is float and not math.isfinite(value[key]):  # 1e999 reads as inf
+            raise ValueError(f"{where}'s {key!r} is {value[key]}, not a finite number")
 
 
 def check_record(record: Any) -> None:

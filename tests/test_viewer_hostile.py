@@ -166,10 +166,11 @@ def with_turn(**changes) -> str:
     (with_turn(response=5), "'response'"),
     (json.dumps({**record("train", 1, 0, 1, won=False), "iteration": "1"}), "'iteration'"),
     (with_turn(reward=float("nan")), "NaN"),
+    (with_turn(reward=1.0).replace('"reward": 1.0', '"reward": 1e999'), "finite"),
     (b'{"schema": 1, "response": "\xff\xfe"}', "UTF-8"),
     (json.dumps({**record("train", 1, 0, 1, won=False), "schema": 2}), "schema"),
     (json.dumps({k: v for k, v in record("train", 1, 0, 1, won=False).items() if k != "won"}), "'won'"),
-], ids=["bad-json", "array", "turns-string", "numeric-response", "mixed-iteration", "nan", "not-utf8",
+], ids=["bad-json", "array", "turns-string", "numeric-response", "mixed-iteration", "nan", "overflow", "not-utf8",
         "other-schema", "no-won"])
 def test_a_malformed_record_is_one_line_naming_the_file_and_line(tmp_path, line, reason):
     folder = tmp_path / "r"
