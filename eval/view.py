@@ -50,6 +50,7 @@ from typing import IO, Any
 import tyro
 
 from arena_train.episodes import EPISODES_DIR, SCHEMA
+from arena_train.safe_files import atomic_write_text
 from eval.stats import proportion_ci
 
 #: Bytes of one record line at most: a longer line is left out (the page notes it), so memory stays bounded.
@@ -543,8 +544,7 @@ def make_view(source: Path, out: Path | None = None, max_bytes: int = 4_000_000,
         out = out or source.with_suffix(".html")
     episodes = load_episodes(records.files, choose_places(page_order(records.blocks), max_bytes), turn_chars)
     summary_html = summary_part(verdict, notes + left_out_note(len(episodes), len(records), max_bytes))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(build_page(source.name, episodes, len(records), svg, summary_html), encoding="utf-8")
+    atomic_write_text(out, build_page(source.name, episodes, len(records), svg, summary_html))  # a link is replaced
     return out
 
 
