@@ -3,9 +3,11 @@
 
 ``HFBackend`` generates with the trained model itself (transformers ``generate`` with KV cache), so a push is a
 no-op; ``VLLMBackend`` runs a vLLM engine in the trainer's process and receives the weights after every update.
-Both stop at the tokenizer's end token only and keep it in the response, and after every ``generate`` /
-``generate_scored`` call hold why each response stopped in ``last_stop_reasons`` (``eos``: the end token;
-``max_response_tokens``: the token limit cut it).
+Both stop at the first end-of-turn token of the tokenizer's chat format (``arena_train.chat``: its eos, its
+generation config's eos ids, its template's assistant terminator; Gemma's ``<end_of_turn>``, Llama's
+``<|eot_id|>``) and keep it in the response, and after every ``generate`` / ``generate_scored`` call hold why each
+response stopped in ``last_stop_reasons`` (``eos``: an end-of-turn token; ``max_response_tokens``: the token limit
+cut it).
 
 Sampling draws from the process's random stream, or, with ``seeds`` (one int per prompt), each response from a
 stream of its own seeded by its prompt's seed: its tokens then depend on its prompt and seed only, never on the
@@ -26,6 +28,7 @@ from typing import Any
 
 import torch
 
+from arena_train.chat import format_of, render
 from arena_train.kv_cache import cache_name
 from arena_train.logprob import token_logprobs
 from arena_train.weights import full_parameters
@@ -104,6 +107,7 @@ class HFBackend:
         if seeds is not None and len(seeds) != len(prompts):
             raise ValueError(f"need one seed per prompt, got {len(seeds)} seeds for {len(prompts)} prompts")
         pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        end_ids = format_of(tok).end_ids
         warpers = [] if greedy else logits_warpers(temperature, self.top_k if top_k is None else top_k, top_p)
         was_training = self.model.training
         self.model.eval()
@@ -122,13 +126,14 @@ class HFBackend:
             cache = self._shared_prefill(chunk, ids, attn, device) if self.share_prompts else None
             generators = None if seeds is None or greedy else [
                 torch.Generator(device).manual_seed(int(s)) for s in seeds[i:i + self.batch_size]]
-            gen, logp, entropy = self._decode(ids, attn, cache, max_new_tokens, greedy, warpers, tok.eos_token_id,
-                                              pad_id, temperature if scored else None, generators)
+            gen, logp, entropy = self._decode(ids, attn, cache, max_new_tokens, greedy, warpers,
+                                              torch.tensor(end_ids, device=device), pad_id,
+                                              temperature if scored else None, generators)
             for b, seq in enumerate(gen.tolist()):
-                ended = tok.eos_token_id in seq
-                n = seq.index(tok.eos_token_id) + 1 if ended else len(seq)
+                end = next((k + 1 for k, t in enumerate(seq) if t in end_ids), None)  # just after the first
+                n = len(seq) if end is None else end
                 outputs.append(seq[:n])
-                reasons.append("eos" if ended else "max_response_tokens")
+                reasons.append("max_response_tokens" if end is None else "eos")
                 if scored:
                     logps.append(logp[b, :n].tolist())
                     entropies.append(entropy[b, :n].tolist())
@@ -137,7 +142,7 @@ class HFBackend:
         return outputs, logps, entropies
 
     def _decode(self, ids: torch.Tensor, attn: torch.Tensor, cache, max_new_tokens: int, greedy: bool,
-                warpers: list, eos_id: int, pad_id: int, score_temperature: float | None,
+                warpers: list, end_ids: torch.Tensor, pad_id: int, score_temperature: float | None,
                 generators: list[torch.Generator] | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """(B, N <= max_new_tokens) new tokens of the left-padded batch ``ids`` / ``attn`` (B, L), pad after a row's
@@ -173,7 +178,7 @@ class HFBackend:
             new.append(token)
             if score_temperature is not None:
                 scores.append(token_logprobs(logits, token, score_temperature))
-            done |= token == eos_id
+            done |= torch.isin(token, end_ids)
             if step == max_new_tokens - 1 or bool(done.all()):
                 break
             attn = torch.cat([attn, attn.new_ones((attn.shape[0], 1))], dim=1)
@@ -297,14 +302,14 @@ class VLLMBackend:
         return tokens, logps, [[0.0] * len(ids) for ids in tokens]
 
     def _params(self, n: int, seeds: list[int] | None, **kwargs):
-        """One ``SamplingParams`` for the ``n`` prompts (stop at the end token only), or one per prompt carrying its
-        seed.
+        """One ``SamplingParams`` for the ``n`` prompts, or one per prompt carrying its seed.
 
-        Stop at the tokenizer's end token only, as HFBackend: ignore_eos drops the extra end tokens vLLM takes from
-        generation_config.json (e.g. Qwen3's <|endoftext|>). The stop token stays in the response."""
+        Stop at the chat format's end-of-turn ids, as HFBackend: ``ignore_eos`` leaves out vLLM's own reading of
+        the checkpoint's eos so that both backends stop at the same set (``arena_train.chat.format_of``, which
+        holds the generation config's ids once the run configured it). The stop token stays in the response."""
         from vllm import SamplingParams
 
-        kwargs.update(n=1, stop_token_ids=[self.tokenizer.eos_token_id], ignore_eos=True)
+        kwargs.update(n=1, stop_token_ids=list(format_of(self.tokenizer).end_ids), ignore_eos=True)
         if seeds is None:
             return SamplingParams(**kwargs)
         if len(seeds) != n:
@@ -332,9 +337,8 @@ class VLLMBackend:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        prompt = self.tokenizer.apply_chat_template([{"role": "user", "content": "probe"}],
-                                                    add_generation_prompt=True, tokenize=True,
-                                                    return_dict=True)["input_ids"]
+        text = render(self.tokenizer, [[{"role": "user", "content": "probe"}]])[0]
+        prompt = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         out = self.llm.generate([TokensPrompt(prompt_token_ids=list(prompt))],
                                 SamplingParams(max_tokens=1, temperature=0.0, logprobs=1), use_tqdm=False)[0]
         token = out.outputs[0].token_ids[0]

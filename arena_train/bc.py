@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from arena_train.backends import HFBackend
+from arena_train.chat import format_of
 from arena_train.models import load_model_and_tokenizer
 from arena_train.rollout import RolloutConfig, collect_rows, encode_prompts
 from wrappers.special_tokens import escape_special_tokens
@@ -53,16 +54,17 @@ def collect_expert_data(env_fn: Callable, num_episodes: int, max_turns: int, ran
 
 def tokenize_examples(tokenizer, data: list[Example], max_prompt_tokens: int, chunk: int = 1024
                       ) -> list[tuple[list[int], list[int]]]:
-    """(prompt ids with generation prompt, response ids + end token) per example: the ids ``encode_prompt`` and
-    ``tokenizer.encode`` give one by one, in batched template and tokenizer calls of ``chunk`` examples (the
-    per-call overhead was about a quarter of the tokenizing CPU time for the main job's 28.5 k examples)."""
-    out = []
+    """(prompt ids with generation prompt, response ids + the template's end-of-turn token) per example: the ids
+    ``encode_prompt`` and ``tokenizer.encode`` give one by one, in batched template and tokenizer calls of
+    ``chunk`` examples (the per-call overhead was about a quarter of the tokenizing CPU time for the main job's
+    28.5 k examples)."""
+    out, end = [], format_of(tokenizer).terminator  # Gemma's <end_of_turn>, not its <eos>
     for start in range(0, len(data), chunk):
         part = data[start:start + chunk]
         prompts = encode_prompts(tokenizer, [messages for messages, _ in part], max_prompt_tokens)
         responses = tokenizer([escape_special_tokens(response, tokenizer) for _, response in part],
                               add_special_tokens=False, return_attention_mask=False)["input_ids"]
-        out += [(prompt, list(ids) + [tokenizer.eos_token_id]) for (prompt, _), ids in zip(prompts, responses)]
+        out += [(prompt, list(ids) + [end]) for (prompt, _), ids in zip(prompts, responses)]
     return out
 
 

@@ -97,6 +97,11 @@ class EngineArgs:
     p_train/p_rollout, truncated at the cap (tis) or 0 above it (mis); none: no weights"""
     rollout_is_cap: float = 2.0
     """cap (>= 1) of the rollout importance weights"""
+    chat_template: str | None = None
+    """the chat template: a .jinja file or a template TRL ships (qwen3_training, llama3_1, gemma3, gptoss, ...);
+    default: the tokenizer's own (docs/real_models.md)"""
+    chat_template_kwargs: str = ""
+    """JSON object passed to every chat-template call, e.g. '{"enable_thinking": false}' for a Qwen3 hybrid"""
     env_workers: int = -1
     """env worker processes per env (0 = step the envs in the trainer's process; -1 = auto: one per core, up to one
     per episode, for the native engines ALFWorld and TextWorld, 0 for the pure-Python envs); same rows either way"""
@@ -200,6 +205,10 @@ def args_problem(args: Any) -> str | None:
         problem = servers_problem(args.env_servers, getattr(args, "env_id", ""))
     if problem is None and getattr(args, "overlap_turns", False):
         problem = overlap_problem(args)
+    if problem is None and (getattr(args, "chat_template", None) or getattr(args, "chat_template_kwargs", "")):
+        from arena_train.chat import template_problem
+
+        problem = template_problem(args.chat_template, args.chat_template_kwargs)
     if problem is None and getattr(args, "rollout_is_cap", 1.0) < 1.0:
         problem = f"error: --rollout-is-cap must be >= 1 (got {args.rollout_is_cap}): an exact match must keep weight 1"
     if problem is None and hasattr(method, "method_problem"):  # a method's own combinations (its Args block)

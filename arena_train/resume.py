@@ -37,7 +37,7 @@ MID_RUN = frozenset({
 #: Recipe fields added after runs were recorded, with the value every run recorded before them had: such a run's
 #: args.json lacks the field, and it resumes with that value, not with today's default (episode streams became the
 #: default after runs had trained without them).
-INTRODUCED = {"episode_streams": False}
+INTRODUCED = {"episode_streams": False, "chat_template": None, "chat_template_kwargs": ""}
 #: The env mixture is the run's data: it never changes on resume (``arena_train.mixture.resume_problem``).
 MIXTURE = ("env_id", "env_weights")
 #: Fields that reach the network: a resumed run takes them from its command line only, never from ``args.json``

@@ -66,10 +66,29 @@ def _step_returns_to_go(rows: list[Row]) -> dict[int, float]:
     return out
 
 
+def _later_rows_rewards(rows: list[Row]) -> dict[int, float]:
+    """Per trajectory row (by index), the env rewards of the later rows of its episode: an episode whose context
+    outgrew the budget goes on in a new row (``arena_train.trajectory``), and a turn's return-to-go runs on
+    through those rows."""
+    by_episode: dict[int, list[int]] = defaultdict(list)
+    for k, r in enumerate(rows):
+        if r.turns:
+            by_episode[r.episode].append(k)
+    out = {}
+    for ks in by_episode.values():
+        ks.sort(key=lambda k: rows[k].turn)
+        later = 0.0
+        for k in reversed(ks):
+            out[k] = later
+            later += float(sum(s.env_reward for s in rows[k].turns))
+    return out
+
+
 def segment_scores(rows: list[Row], density: str) -> Segments:
     """The segments of ``rows`` and their scores under ``density`` (module docstring)."""
     _check(density)
     rtg = _step_returns_to_go(rows) if density == "dense" else {}
+    later = _later_rows_rewards(rows) if density == "dense" else {}
     out: dict[str, list] = defaultdict(list)
 
     def add(k: int, turn: int, score: float) -> None:
@@ -84,7 +103,7 @@ def segment_scores(rows: list[Row], density: str) -> Segments:
             add(k, -1, r.env_return - sum(s.format_penalty for s in r.turns))
         else:
             for t, g in enumerate(returns_to_go([s.env_reward for s in r.turns])):
-                add(k, t, float(g) - r.turns[t].format_penalty)
+                add(k, t, float(g) + later[k] - r.turns[t].format_penalty)
     return Segments(**{key: np.array(out[key], dtype=np.float64 if key == "score" else np.int64)
                        for key in ("row", "turn", "score", "group", "episode")})
 

@@ -8,16 +8,23 @@ from typing import Any
 
 import numpy as np
 
+from arena_train.chat import format_of
+
 # re-exported: callers import every row record and prompt helper from this module
-from arena_train.rows import RolloutConfig, Row, count_stops, cut_at_turn_end, encode_prompts, turn_stop_reasons
+from arena_train.rows import EVAL_SEED_OFFSET as EVAL_SEED_OFFSET
+from arena_train.rows import (
+    RolloutConfig,
+    Row,
+    count_stops,
+    cut_at_turn_end,
+    encode_prompts,
+    keeps_rollout_logp,
+    turn_stop_reasons,
+)
 from arena_train.rows import TurnSpan as TurnSpan
 from arena_train.rows import encode_prompt as encode_prompt
 from arena_train.streams import request_streams
 from arena_train.trajectory import collect_trajectories
-
-#: Task seeds >= this are held out for evaluation; training task seeds are drawn below it.
-EVAL_SEED_OFFSET = 1_000_000_000
-
 
 #: ARLArena's validation sampling (verl ``val_kwargs``: temperature 0.6, top-p 0.95, top-k 20), the default of
 #: the in-run and standalone evaluations; greedy decoding is the option.
@@ -63,8 +70,7 @@ def require_messages_fit(tokenizer, messages: list[dict[str, str]] | None, env_i
     """``require_prompt_fits`` of an env's first ``messages`` (None: an env without chat messages passes)."""
     if messages is None:
         return
-    n = len(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                          return_dict=True)["input_ids"])
+    n = len(encode_prompt(tokenizer, messages, max_tokens=1 << 62)[0])
     if n > max_tokens:
         raise SystemExit(f"the first prompt of {env_id} (instructions, task, "
                          f"first observation) has {n} tokens, more than --max-prompt-tokens {max_tokens}: raise it "
@@ -157,9 +163,7 @@ def _collect_steps(backend, tokenizer, rollout, seeds: list[int], config: Rollou
     rollout.reset(seeds, groups)
     rows: list[Row] = []
     played = sorted(set(rollout.active()) | set(rollout.failures()))
-    # the behaviour policy's log-probs, kept on rows that may be trained on
-    scored = (not greedy and hasattr(backend, "generate_scored")
-              and any(seed < EVAL_SEED_OFFSET for seed in seeds))
+    scored = keeps_rollout_logp(backend, seeds, greedy)
     generate = functools.partial(_generate_turn, backend, tokenizer, rollout, config, stats, greedy, scored,
                                  sampling_seed)
     if overlap:
@@ -217,7 +221,7 @@ def _generate_turn(backend, tokenizer, rollout, config: RolloutConfig, stats: di
     envs = rollout.envs
     responses = cut_at_turn_end(tokenizer, [envs[i] for i in active], generated)
     reasons = turn_stop_reasons(backend, generated, responses, [cut for _, _, cut in encoded],
-                                config.max_response_tokens, tokenizer.eos_token_id)
+                                config.max_response_tokens, format_of(tokenizer).end_ids)
     texts = tokenizer.batch_decode(responses, skip_special_tokens=True)
     stats["gen_tokens"] += sum(len(r) for r in responses)
     stats["dropped_history"] += sum(dropped for _, dropped, _ in encoded)

@@ -4,12 +4,24 @@ settings, prompt encoding and the cut of a response at its env's turn end."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable
 
 import numpy as np
 
+from arena_train.chat import render
 from wrappers.special_tokens import escape_messages
+
+#: Task seeds >= this are held out for evaluation; training task seeds are drawn below it.
+EVAL_SEED_OFFSET = 1_000_000_000
+
+
+def keeps_rollout_logp(backend, seeds: list[int], greedy: bool) -> bool:
+    """Whether a rollout's rows carry the behaviour policy's log-probs (``Row.rollout_logp``, from the backend's
+    ``generate_scored``): sampled rows that may be trained on; greedy rollouts and held-out seeds (evaluation:
+    never trained on) skip that work, and a custom backend with ``generate`` only leaves them unset."""
+    return not greedy and hasattr(backend, "generate_scored") and any(seed < EVAL_SEED_OFFSET for seed in seeds)
 
 
 @dataclass(frozen=True)
@@ -125,14 +137,14 @@ def count_stops(stats: dict[str, float], turn_stops: list[str], episodes: list[A
 
 
 def turn_stop_reasons(backend, generated: list[list[int]], kept: list[list[int]], prompt_cut: list[bool],
-                      max_new_tokens: int, eos_id: int | None) -> list[str]:
+                      max_new_tokens: int, end_ids: Collection[int]) -> list[str]:
     """Why each response of one generate call ended (``TURN_STOPS`` but ``env_error``, which the env step adds):
     ``context_overflow`` when its prompt was cut beyond dropping history, ``turn_end`` when ``cut_at_turn_end``
     shortened it (``kept``), else the backend's ``last_stop_reasons``; a backend that keeps none is read from the
-    ids: a response without its end token at the token limit was cut by it."""
+    ids: a response without an end-of-turn token (``end_ids``) at the token limit was cut by it."""
     reported = getattr(backend, "last_stop_reasons", None)
     if reported is None or len(reported) != len(generated):
-        reported = ["max_response_tokens" if len(ids) >= max_new_tokens and (not ids or ids[-1] != eos_id)
+        reported = ["max_response_tokens" if len(ids) >= max_new_tokens and (not ids or ids[-1] not in end_ids)
                     else "eos" for ids in generated]
     return ["context_overflow" if cut else "turn_end" if len(k) < len(g) else reason
             for g, k, cut, reason in zip(generated, kept, prompt_cut, reported)]
@@ -161,7 +173,7 @@ def encode_prompts(tokenizer, conversations: list[list[dict[str, str]]], max_tok
     if not conversations:
         return []
     conversations = [escape_messages(c, tokenizer) for c in conversations]  # env text never becomes a special token
-    texts = tokenizer.apply_chat_template(conversations, add_generation_prompt=True, tokenize=False)
+    texts = render(tokenizer, conversations)  # with the run's template arguments (arena_train.chat)
     # what tokenize=True does with the rendered text, without building the attention masks nobody reads
     encoded = tokenizer(texts, add_special_tokens=False, return_attention_mask=False)["input_ids"]
     out = []

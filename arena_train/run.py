@@ -37,6 +37,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
+from arena_train import chat
 from arena_train.checkpoint import resume_latest, save_checkpoint
 from arena_train.cli import EngineArgs, EvalArgs, RunArgs
 from arena_train.dist import param_sync_error
@@ -278,10 +279,14 @@ class Run:
 
     def rollout_backend(self, policy, tokenizer, *, max_model_len: int, max_num_seqs: int):
         """The rollout engine (``--rollout-backend``): vLLM, or transformers generate (sharded: an unsharded copy
-        fed from the shards); seeded per process."""
+        fed from the shards); seeded per process. First the tokenizer's chat format (``--chat-template``,
+        ``--chat-template-kwargs``, the end-of-turn ids of the policy's generation config: ``arena_train.chat``),
+        which every prompt, stop and trajectory delta of the run then uses."""
         from arena_train.sharding import make_rollout_backend
 
         e = self.engine
+        generation_config = getattr(self.accelerator.unwrap_model(policy), "generation_config", None)
+        chat.configure(tokenizer, generation_config, e.chat_template, chat.parse_kwargs(e.chat_template_kwargs))
         self._backend = make_rollout_backend(
             e.rollout_backend, self.accelerator, policy, tokenizer, self.model_path, self.dtype,
             seed=self.seed + self.rank, max_model_len=max_model_len, mixed_precision=e.mixed_precision,
@@ -302,6 +307,11 @@ class Run:
                                   env_workers=e.env_workers, step_timeout=e.env_step_timeout,
                                   env_servers=e.env_servers, overlap_turns=e.overlap_turns)
         rollouts.require_prompts_fit(tokenizer, sampling, seed=self.seed)
+        if sampling.row_layout == "trajectory" and not chat.format_of(tokenizer).prefix_preserving:
+            self.accelerator.print(
+                "chat template: earlier turns render differently once a message follows (e.g. Qwen3 drops their "
+                "<think>); trajectory rows keep the sampled tokens, as the template's training variant renders them "
+                "(--chat-template <name>_training; docs/real_models.md)")
         self.env_failures = FailureStreak(e.max_env_failures, rollouts)
         rollouts.recorder = EpisodeRecorder(self.run.log_episodes if self.accelerator.is_main_process else 0)
         self._tokenizer, self._rollouts = tokenizer, rollouts

@@ -319,12 +319,14 @@ def format_results(results: Sequence[EvalResult]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def load_model(spec: str, device: str = "auto"):
-    """(model, tokenizer) from a local folder, a hub id or an arena_models name ('tiny', 'smollm2')."""
+def load_model(spec: str, device: str = "auto", chat_template: str | None = None, chat_template_kwargs: str = ""):
+    """(model, tokenizer) from a local folder, a hub id or an arena_models name ('tiny', 'smollm2'), the
+    tokenizer's chat format configured as a training run configures it (``arena_train.chat``)."""
     import torch
     from transformers.utils import logging as hf_logging
 
     from arena_models import resolve_model_path
+    from arena_train import chat
     from arena_train.models import load_model_and_tokenizer
 
     hf_logging.disable_progress_bar()  # keep the evaluation's own progress bar readable
@@ -336,6 +338,10 @@ def load_model(spec: str, device: str = "auto"):
             path, torch.bfloat16 if device.startswith("cuda") else torch.float32)
     except (OSError, ValueError) as err:
         raise EvalError(f"cannot load model {spec!r}: {err}") from err
+    problem = chat.template_problem(chat_template, chat_template_kwargs)
+    if problem is not None:
+        raise EvalError(problem.removeprefix("error: "))
+    chat.configure(tokenizer, model.generation_config, chat_template, chat.parse_kwargs(chat_template_kwargs))
     return model.to(device).eval(), tokenizer
 
 
@@ -398,6 +404,10 @@ class Args:
     TextWorld, 0 for the others)"""
     env_step_timeout: float = 300.0
     """seconds an env step may take in a worker before its episode fails (left out and counted)"""
+    chat_template: str | None = None
+    """a .jinja file or a TRL template name; default: the run's --chat-template, else the tokenizer's own"""
+    chat_template_kwargs: str | None = None
+    """JSON object for every chat-template call; default: the run's --chat-template-kwargs"""
 
 
 #: Flags taken from a run's ``args.json`` (or the training defaults): flag -> (args.json key, how to read it).
@@ -416,6 +426,8 @@ RUN_SETTINGS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "num_seeds": ("eval_episodes", int),
     "seed": ("seed", int),
     "split": ("eval_split", lambda v: v),
+    "chat_template": ("chat_template", str),
+    "chat_template_kwargs": ("chat_template_kwargs", str),
 }
 
 
@@ -535,7 +547,8 @@ def main(args: Args) -> int:
     tables, splits = [], {}
     records: list[dict[str, Any]] | None = [] if args.episodes is not None else None
     try:
-        model, tokenizer = load_model(args.model, args.device) if args.model is not None else (None, None)
+        model, tokenizer = (load_model(args.model, args.device, args.chat_template, args.chat_template_kwargs or "")
+                            if args.model is not None else (None, None))
         for env_id in env_ids:
             kwargs = {"split": held_out_split(env_id), **env_kwargs} if env_id in ENV_IDS else dict(env_kwargs)
             splits[env_id] = kwargs.get("split", "no")

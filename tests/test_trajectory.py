@@ -37,9 +37,9 @@ class RecordingBackend(HFBackend):
         super().__init__(*args, **kwargs)
         self.contexts: list[list[int]] = []
 
-    def generate(self, prompts, *args, **kwargs):
+    def _generate(self, prompts, *args, **kwargs):  # generate and generate_scored alike
         self.contexts += [list(p) for p in prompts]
-        return super().generate(prompts, *args, **kwargs)
+        return super()._generate(prompts, *args, **kwargs)
 
 
 def make_env():
