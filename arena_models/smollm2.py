@@ -9,6 +9,8 @@ save once into a cache folder; later loads take under a second and need no ``ggu
 from __future__ import annotations
 
 import importlib.util
+import shutil
+import tempfile
 from pathlib import Path
 
 import torch
@@ -43,8 +45,16 @@ def convert_smollm2(out_dir: str | Path, dtype: torch.dtype = torch.float32) -> 
     if [k for k in missing if k != "lm_head.weight"] or unexpected:
         raise RuntimeError(f"SmolLM2 conversion mismatch: missing={missing} unexpected={unexpected}")
     clean.generation_config = gguf_model.generation_config
-    tmp = out.with_name(out.name + ".tmp")
+    # a folder of this process's own, renamed into place: two processes converting at once (test workers) never
+    # write into one folder, and the one that renames second keeps the first's copy
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     clean.to(dtype).save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    tmp.rename(out)
+    try:
+        tmp.rename(out)
+    except OSError:  # another process finished first
+        if not (out / "tokenizer.json").exists():
+            raise
+        shutil.rmtree(tmp)
     return out

