@@ -434,16 +434,17 @@ RUN_SETTINGS: dict[str, tuple[str, Callable[[Any], Any]]] = {
 def training_defaults() -> dict[str, Any]:
     """The training scripts' cpu-tiny settings, as a run's ``args.json`` holds them: the literal defaults of
     ``algos/grpo.py``'s ``Args``, read from its source (scripts are run or forked, never imported), and the
-    evaluation group's (``arena_train.cli.EvalArgs``)."""
+    evaluation and engine groups' (``arena_train.cli.EvalArgs``, ``EngineArgs``: the chat template)."""
     import ast
     from dataclasses import fields
 
-    from arena_train.cli import EvalArgs
+    from arena_train.cli import EngineArgs, EvalArgs
 
     source = (Path(__file__).resolve().parents[1] / "algos" / "grpo.py").read_text()
     args_class = next(node for node in ast.parse(source).body
                       if isinstance(node, ast.ClassDef) and node.name == "Args")
-    defaults: dict[str, Any] = {f.name: getattr(EvalArgs(), f.name) for f in fields(EvalArgs)}
+    defaults: dict[str, Any] = {f.name: getattr(group(), f.name) for group in (EngineArgs, EvalArgs)
+                                for f in fields(group)}
     for node in args_class.body:
         if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None):
             continue
