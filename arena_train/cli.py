@@ -213,6 +213,15 @@ def args_problem(args: Any) -> str | None:
         problem = f"error: --rollout-is-cap must be >= 1 (got {args.rollout_is_cap}): an exact match must keep weight 1"
     if problem is None and hasattr(method, "method_problem"):  # a method's own combinations (its Args block)
         problem = method.method_problem()
+    if problem is None and getattr(args, "top_p", 1.0) < 1.0 and getattr(args, "rollout_backend", None) in ("vllm",
+                                                                                                        "auto"):
+        from arena_train.backends import rollout_backend_name
+
+        if rollout_backend_name(args.rollout_backend) == "vllm":
+            problem = (f"error: --top-p {args.top_p} with vLLM rollouts: vLLM's log-probs are renormalised over the "
+                       f"tokens top-p kept and the trainer's over the whole vocabulary, so rollout_is/* and "
+                       f"--rollout-is would read the kept mass, not a mismatch; train with --top-p 1 (the default) "
+                       f"or --rollout-backend hf")
     if problem is None and getattr(args, "rollout_backend", None) == "vllm":
         from arena_train.backends import vllm_available
 

@@ -183,3 +183,12 @@ def test_gpu_profile_without_a_gpu_warns_at_start(monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     parse_args(grpo.Args, grpo.GPU_PROFILE, ["--profile", "gpu"])
     assert capsys.readouterr().err == ""
+
+
+def test_truncated_sampling_with_vllm_rollouts_is_refused_in_one_line():
+    """vLLM's processed log-probs are renormalised over the kept tokens: with --top-p < 1 their ratio to the
+    trainer's full-vocabulary log-probs is the kept mass, not a mismatch (the HF backend scores the full softmax)."""
+    grpo = load_script("grpo")
+    problem = args_problem(replace_flat(grpo.Args(), rollout_backend="vllm", top_p=0.9))
+    assert problem is not None and "--top-p 0.9" in problem and "\n" not in problem
+    assert "--top-p" not in (args_problem(replace_flat(grpo.Args(), rollout_backend="hf", top_p=0.9)) or "")
