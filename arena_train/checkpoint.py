@@ -302,10 +302,28 @@ def _sharded_problem(metadata_path: Path) -> str | None:
     return None
 
 
+def _rng_problem(path: Path) -> str | None:
+    """Why Accelerate's RNG file ``path`` holds more than plain data, or None. Accelerate loads it with
+    ``weights_only=True`` but skips a file it cannot load with a log line only: the run would go on with other
+    random streams, no longer the straight run's."""
+    from accelerate.utils import load
+
+    try:
+        load(path)
+    except (pickle.UnpicklingError, RuntimeError, EOFError) as err:
+        return f"{path} holds more than plain data ({_first_line(err)})"
+    return None
+
+
 def pickled_code_problem(folder: Path) -> str | None:
-    """Why checkpoint ``folder`` cannot be loaded without running code, or None: Accelerate's own files are loaded
-    with ``weights_only=True`` (and its ``custom_checkpoint_*.pkl`` never, ``_without_pickled_objects``); FSDP2's
-    sharded folders are read by ``torch.distributed.checkpoint`` with plain pickle, so they are checked here first."""
+    """Why checkpoint ``folder`` cannot be loaded without running code (or is skipped in part), or None:
+    Accelerate's own files are loaded with ``weights_only=True`` (and its ``custom_checkpoint_*.pkl`` never,
+    ``_without_pickled_objects``), an RNG file it cannot load is skipped quietly, and FSDP2's sharded folders are
+    read by ``torch.distributed.checkpoint`` with plain pickle: these are checked here first."""
+    for path in sorted(folder.glob("random_states_*.pkl")):
+        problem = _rng_problem(path)
+        if problem is not None:
+            return problem
     for metadata_path in sorted(folder.rglob(".metadata")):
         problem = _sharded_problem(metadata_path)
         if problem is not None:
@@ -342,8 +360,8 @@ def resume_latest(accelerator, run_dir: Path, fallback: bool = False, states: Ma
     folder, iteration = found[0]
     try:
         load_checkpoint(accelerator, folder, states)
-    except CheckpointError as err:
-        raise SystemExit(f"error: cannot resume: {err}") from None
+    except CheckpointError as err:  # every process finds it: the main one says it
+        raise SystemExit(f"error: cannot resume: {err}" if accelerator.is_main_process else 1) from None
     accelerator.print(f"resumed from {folder} (iteration {iteration})")
     return iteration
 

@@ -449,7 +449,13 @@ def restore_healthy(accelerator, run_dir: Path, monitor: CollapseMonitor, decisi
     is healthy and ``--resume`` continues from it with the same decisions. Returns the folder restored, or None
     when no healthy checkpoint verifies: the weights stay, the monitor records the stop, and the caller ends the
     run (a rollback included). After a rollback the caller pushes the restored weights to its rollout engine."""
-    from arena_train.checkpoint import checkpoint_folders, load_checkpoint, newest_verified_checkpoint, save_checkpoint
+    from arena_train.checkpoint import (
+        CheckpointError,
+        checkpoint_folders,
+        load_checkpoint,
+        newest_verified_checkpoint,
+        save_checkpoint,
+    )
 
     found: list = [None]
     if decision.checkpoint is not None and accelerator.is_main_process:
@@ -462,7 +468,10 @@ def restore_healthy(accelerator, run_dir: Path, monitor: CollapseMonitor, decisi
         monitor.unrestorable(decision)
         return None
     folder, healthy = found[0]
-    load_checkpoint(accelerator, folder)  # the weights and optimizer of then; the monitor keeps its newer state
+    try:
+        load_checkpoint(accelerator, folder)  # the weights and optimizer of then; the monitor keeps its newer state
+    except CheckpointError as err:
+        raise SystemExit(f"error: cannot roll back: {err}" if accelerator.is_main_process else 1) from None
     if optimizer is not None:
         for group in optimizer.param_groups:  # each group's own rate (PPO's critic has another), as first set
             group["lr"] = group.setdefault("base_lr", group["lr"]) * decision.lr_scale

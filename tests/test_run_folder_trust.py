@@ -116,6 +116,19 @@ def test_a_checkpoint_of_an_older_run_resumes_its_plain_state_and_refuses_code(p
     assert "\n" not in str(exc.value) and not marker.exists()
 
 
+def test_a_rollback_onto_a_checkpoint_with_a_payload_runs_none_of_it(prepared, tmp_path):
+    from arena_train.monitor import Decision, restore_healthy
+
+    accelerator, _, optimizer = prepared
+    monitor = CollapseMonitor(CollapseConfig(on_collapse="rollback"))
+    monitor.checkpointed(1)
+    save_checkpoint(accelerator, tmp_path / "r", 1, states={"monitor": monitor})
+    marker = tmp_path / "ran"
+    plant_payload(tmp_path / "r" / "checkpoints" / "iter_000001", marker)
+    folder = restore_healthy(accelerator, tmp_path / "r", monitor, Decision("rollback", 1, 0.5, "x"), 5, optimizer)
+    assert folder.name == "iter_000001" and not marker.exists() and monitor.state["checkpoints"] == [1, 5]
+
+
 def test_a_payload_in_the_optimizer_file_is_refused_unrun(prepared, tmp_path):
     accelerator, _, _ = prepared
     save_checkpoint(accelerator, tmp_path / "r", 1)
@@ -127,6 +140,17 @@ def test_a_payload_in_the_optimizer_file_is_refused_unrun(prepared, tmp_path):
     assert not marker.exists()
     pickle.loads(pickle.dumps(Payload(marker)))  # a real payload: unpickled, it runs
     assert marker.read_text() == "ran"
+
+
+def test_a_payload_in_the_rng_file_is_refused_not_skipped(prepared, tmp_path):
+    """Accelerate skips an RNG file it cannot load with a log line: the run would go on with other streams."""
+    accelerator, _, _ = prepared
+    save_checkpoint(accelerator, tmp_path / "r", 1)
+    marker = tmp_path / "ran"
+    plant_payload(tmp_path / "r" / "checkpoints" / "iter_000001", marker, "random_states_0.pkl")
+    with pytest.raises(SystemExit, match=r"random_states_0\.pkl holds more than plain data") as exc:
+        resume_latest(accelerator, tmp_path / "r")
+    assert "\n" not in str(exc.value) and not marker.exists()
 
 
 def test_a_payload_in_a_sharded_checkpoint_is_refused_unrun(tmp_path):
@@ -163,8 +187,8 @@ def test_a_real_fsdp2_checkpoint_resumes_and_a_payload_in_it_is_refused(tiny_mod
     metadata.write_bytes(pickle.dumps(Payload(marker)))
     write_manifest(folder, 1)
     proc = launch_config("fsdp2", "grpo", tiny_model, tmp_path, "--resume", "--num-iterations", "2")
+    assert not marker.exists(), "the sharded checkpoint's pickle ran in the trainer"
     assert proc.returncode != 0 and f"{metadata} holds more than plain data" in proc.stderr
-    assert not marker.exists()
     metadata.write_bytes(original)
     write_manifest(folder, 1)
     proc = launch_config("fsdp2", "grpo", tiny_model, tmp_path, "--resume", "--num-iterations", "2")
