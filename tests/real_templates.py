@@ -83,23 +83,37 @@ def family_tokenizer(smollm2_dir: str, name: str):
 
 def marker_model(tokenizer, marker: int, marker_weight: float = 5.0, others: tuple[int, ...] = (),
                  seed: int = 0):
-    """A real tiny Qwen3 over ``tokenizer``'s vocabulary whose LM head ignores the context: it samples the
-    tokens of ``WORDS`` (weight 1 each), ``marker`` (``marker_weight``) and ``others`` (0.5 each), nothing else."""
+    """A real tiny Qwen3 over ``tokenizer``'s vocabulary whose next-token distribution ignores the context: it
+    samples the tokens of ``WORDS`` (weight 1 each), ``marker`` (``marker_weight``) and ``others`` (0.5 each),
+    nothing else (weight e^-40).
+
+    By its weights alone, so that any engine that loads a Qwen3 checkpoint (transformers, vLLM) runs it: every
+    token embeds to the same vector (K on dimension 0), the value and MLP-out projections are 0, so the residual
+    stream is that vector at every position of every context; the final norm keeps dimension 0 only, and the LM
+    head's column 0 holds the log-weights divided by what that dimension reads."""
     from transformers import AutoModelForCausalLM, Qwen3Config
 
     torch.manual_seed(seed)
     config = Qwen3Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=1,
                          num_attention_heads=2, num_key_value_heads=2, head_dim=32, tie_word_embeddings=False,
                          pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    head = torch.nn.Linear(config.hidden_size, len(tokenizer), bias=True)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    logits = torch.full((len(tokenizer),), -40.0)
+    for t in set(tokenizer(WORDS, add_special_tokens=False)["input_ids"]):
+        logits[t] = 0.0
+    for t in others:
+        logits[t] = float(torch.log(torch.tensor(0.5)))
+    logits[marker] = float(torch.log(torch.tensor(marker_weight)))
     with torch.no_grad():
-        head.weight.zero_()
-        head.bias.fill_(-40.0)
-        for t in set(tokenizer(WORDS, add_special_tokens=False)["input_ids"]):
-            head.bias[t] = 0.0
-        for t in others:
-            head.bias[t] = float(torch.log(torch.tensor(0.5)))
-        head.bias[marker] = float(torch.log(torch.tensor(marker_weight)))
-    model.lm_head = head
-    return model.eval()
+        model.model.embed_tokens.weight.zero_()
+        model.model.embed_tokens.weight[:, 0] = 50.0
+        for layer in model.model.layers:
+            layer.self_attn.v_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        model.model.norm.weight.zero_()
+        model.model.norm.weight[0] = 1.0
+        model.lm_head.weight.zero_()
+        model.lm_head.weight[:, 0] = 1.0
+        read = float(model(input_ids=torch.tensor([[0]])).logits[0, -1, 0])  # what dimension 0 reads
+        model.lm_head.weight[:, 0] = logits / read
+    return model
