@@ -134,6 +134,10 @@ NO_HUB = "http://127.0.0.1:9"
 STARTUP_ERRORS = {
     "track-without-wandb": (["--track", "--model-path", "tiny"], 'pip install -e ".[wandb]"', "wandb", None),
     "prompt-too-long": (["--max-prompt-tokens", "8"], "more than --max-prompt-tokens 8", None, None),
+    "unknown-chat-template": (["--chat-template", "qwen9"], "--chat-template qwen9: neither a .jinja file", None,
+                              None),
+    "chat-template-kwargs-not-json": (["--chat-template-kwargs", "enable_thinking=false"],
+                                      "--chat-template-kwargs 'enable_thinking=false': not JSON", None, None),
 }
 
 

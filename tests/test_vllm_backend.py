@@ -418,3 +418,47 @@ def test_sharded_grpo_with_vllm_rollouts_matches_ddp(model_dir, tmp_path, ddp_vl
     assert summary["world_size"] == 2 and summary["param_sync_error"] == 0.0
     a, b = (load_file(run / "final" / "model.safetensors") for run in (ddp_vllm_run, tmp_path / config))
     assert a.keys() == b.keys() and max((a[k] - b[k]).abs().max().item() for k in a) < 1e-5
+
+
+def test_turns_end_at_every_real_familys_markers(tmp_path):
+    """The engine stops at the chat format's end-of-turn ids, not at vLLM's reading of the checkpoint: one model
+    over SmolLM2's real tokenizer carrying the special tokens of every family of ``tests/real_templates.py``
+    samples a few words and all their markers; configured with one family's eos and generation config, every
+    response ends at that family's first marker (once) or at the token limit, other families' markers inside it."""
+    from transformers import AutoTokenizer, GenerationConfig
+
+    from arena_train import chat
+    from tests.real_templates import FAMILIES, marker_model, require_smollm2
+
+    require_smollm2()
+    from arena_models import cache_dir, convert_smollm2
+
+    tok = AutoTokenizer.from_pretrained(convert_smollm2(cache_dir() / "SmolLM2-135M-Instruct"))
+    specials = sorted({s for names, *_ in FAMILIES.values() for s in names} - set(tok.get_vocab()))
+    tok.add_special_tokens({"additional_special_tokens": specials})
+    markers = sorted({tok.convert_tokens_to_ids(t) for _, eos, ids, _ in FAMILIES.values() for t in [eos, *ids]}
+                     - {tok.convert_tokens_to_ids("<|im_end|>")})
+    model = marker_model(tok, markers[0], marker_weight=0.3, others=tuple(markers[1:]))
+    model.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    torch.set_num_threads(1)
+    engine = VLLMBackend(str(tmp_path), tok, seed=1, max_model_len=128, max_num_seqs=8)
+    prompt = encode_prompt(tok, [{"role": "user", "content": "go"}], 64)[0]
+    seen_inside = set()
+    try:
+        for name in ("gemma3", "llama3_1", "gptoss", "glm4moe", "phi3_5"):
+            _, eos, generation_eos, _ = FAMILIES[name]
+            family = AutoTokenizer.from_pretrained(tmp_path)
+            family.eos_token = eos
+            ends = chat.configure(family, GenerationConfig(eos_token_id=[family.convert_tokens_to_ids(t)
+                                                                         for t in generation_eos])).end_ids
+            engine.tokenizer = family
+            out = engine.generate([prompt] * 8, MAX_NEW, 1.0, 1.0, False, seeds=list(range(8)))
+            for seq, reason in zip(out, engine.last_stop_reasons):
+                assert all(t not in ends for t in seq[:-1])
+                assert (seq[-1] in ends) == (reason == "eos") and (reason == "eos" or len(seq) == MAX_NEW)
+                seen_inside |= {t for t in seq[:-1] if t in markers}
+            assert any(seq[-1] in ends for seq in out), name
+    finally:
+        engine.close()
+    assert seen_inside  # markers of the other families do not end a turn
