@@ -176,7 +176,10 @@ class TextWorldEnv(TextEnv):
 
     ``reset`` plays game ``options["game"]`` if given, else one of the split's ``num_games`` games
     drawn with ``self.np_random``; game ``i`` is generated from seed ``seed_offset + i`` (``train``)
-    or ``seed_offset + TEST_SEED_OFFSET + i`` (``test``).
+    or ``seed_offset + TEST_SEED_OFFSET + i`` (``test``). ``options["game"]`` must be one of the ``num_games``
+    (the catalogue) unless ``new_games=True`` (any index below ``TEST_SEED_OFFSET``): each new index generates
+    and caches a game (seconds of CPU, hundreds of KB of disk), which a client of a served env must not be able
+    to ask for at will (``integrations.openenv_server --allow-new-games`` sets it).
     Rewards: ``"dense"`` = change of TextWorld's cumulative score on every turn; ``"sparse"`` =
     the final score on the step that ends the game (won or lost), 0 before. With
     ``normalize=True`` rewards are divided by the game's max score (an episode sums to ≤ 1, as
@@ -197,10 +200,10 @@ class TextWorldEnv(TextEnv):
                  num_games: int = 100, seed_offset: int = 0, rewards: str = "dense", normalize: bool = False,
                  cache_dir: str | None = None, split: str = "train", render_mode: str | None = None,
                  world_size: int | None = None, nb_objects: int | None = None, quest_length: int | None = None,
-                 raw_text: bool = False):
+                 raw_text: bool = False, new_games: bool = False):
         super().__init__(render_mode=render_mode)
         require_extra("textworld", ("textworld",), "TextWorld (ARL/TextWorld-*)")
-        self.raw_text = bool(raw_text)
+        self.raw_text, self.new_games = bool(raw_text), bool(new_games)
         custom = {k: v for k, v in zip(CUSTOM_OPTIONS, (world_size, nb_objects, quest_length)) if v is not None}
         if custom:
             if kind not in ("tw-cooking", "tw-custom"):
@@ -238,7 +241,7 @@ class TextWorldEnv(TextEnv):
 
     # --- TextEnv hooks --------------------------------------------------------------
     def _reset(self, options):
-        index = int_option(options, "game", 0, TEST_SEED_OFFSET)
+        index = int_option(options, "game", 0, TEST_SEED_OFFSET if self.new_games else self.num_games)
         if index is None:
             index = int(self.np_random.integers(self.num_games))
         self.game_file = cached_game(self.kind, self.settings, self.game_seed(int(index)), self.cache_dir)

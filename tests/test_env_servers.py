@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -47,10 +48,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(port: int) -> subprocess.Popen:
-    """``python -m integrations.openenv_server`` on loopback, once it accepts connections."""
+def start_server(port: int, *flags: str, max_files: int | None = None) -> subprocess.Popen:
+    """``python -m integrations.openenv_server ... flags`` on loopback, once it accepts connections; ``max_files``:
+    the server's limit of open file descriptors (none: this process's)."""
+    limit = None if max_files is None else functools.partial(resource.setrlimit, resource.RLIMIT_NOFILE,
+                                                             (max_files, max_files))
     proc = subprocess.Popen([sys.executable, "-m", "integrations.openenv_server", "--env-id", ENV_ID, "--port",
-                             str(port)], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                             str(port), *flags], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            preexec_fn=limit)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
