@@ -3,7 +3,8 @@ Wilson interval, and the gain of the final model over the start with a paired in
 
 Every in-run evaluation plays the same held-out task seeds (``rollout.held_out_seeds``: EVAL_SEED_OFFSET + 0, 1,
 ...), so the start and the final evaluation can be compared task by task: the gain's interval is Newcombe's paired
-one (``eval.stats.paired_difference_ci``) over the (env, task seed) pairs both evaluations scored. The outcomes are
+one (``arena_train.stats.paired_difference_ci``) over the (env, task seed) pairs both evaluations scored. The
+outcomes are
 read from the run's held-out episode records (``episodes/eval_<iteration>.jsonl``), so a resumed run's verdict
 still starts at the iteration-0 evaluation of its first part. Those files keep every episode played (over their
 size cap an episode loses its texts, never its outcome: ``arena_train.episodes.encode_records``), so each point
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from arena_train.episodes import EPISODES_DIR, file_iteration, read_episodes
-from eval.stats import paired_difference_ci, proportion_ci
+from arena_train.stats import paired_difference_ci, proportion_ci
 
 
 def held_out_outcomes(run_dir: Path) -> dict[int, dict[tuple[str, int], bool]]:

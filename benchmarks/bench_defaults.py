@@ -91,7 +91,7 @@ def cached(path: Path, make) -> dict:
 
 
 def bench_seed(args: argparse.Namespace, seed: int) -> list[dict]:
-    from eval.stats import mean_ci
+    from arena_train.stats import mean_ci
 
     folder = args.out / f"seed{seed}"
     folder.mkdir(parents=True, exist_ok=True)

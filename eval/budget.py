@@ -31,8 +31,8 @@ from typing import Any
 import numpy as np
 
 from arena_train.rollout import EVAL_SEED_OFFSET
+from arena_train.stats import mean_ci, pct_ci
 from eval import mini_arena
-from eval.stats import mean_ci, pct_ci
 
 
 @dataclass

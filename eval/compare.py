@@ -6,7 +6,7 @@ change against a baseline method paired by room, and each run's collapse verdict
 Every run's ``final`` model plays the same ``--episodes`` held-out rooms greedily (``eval.mini_arena``'s
 evaluation: the main job's rooms, so BC, teacher and methods are comparable), cached in the run's
 ``final_eval.json``. Per method: success over every (seed, room) episode with a Wilson 95 % interval at the
-effective sample size the spread over seeds leaves (``eval.stats.clustered_proportion_ci``: a rate stays inside
+effective sample size the spread over seeds leaves (``arena_train.stats.clustered_proportion_ci``: a rate stays inside
 [0, 100], which a t-interval over 2-3 seeds does not); score as the mean over seeds with a Student-t 95 % interval
 over seeds; the change against the baseline as the mean over seeds of the per-seed difference (t over seeds) and,
 tighter, pooled over every (seed, room) pair (t over pairs, the rooms being paired). Each t-interval says over how
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import tyro
 
-from eval.stats import Estimate, clustered_proportion_ci, mean_ci
+from arena_train.stats import Estimate, clustered_proportion_ci, mean_ci
 
 
 @dataclass

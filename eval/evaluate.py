@@ -22,7 +22,7 @@ set, e.g. TIR-Math, report it as n/a).
 
 Intervals are 95 %. Success is a proportion and its interval a Wilson interval, inside [0, 100]: over episodes
 with one episode per seed; with several samples per seed (not independent) at the effective sample size
-(``eval.stats.clustered_proportion_ci``). Every other metric uses a Student-t interval over per-seed means
+(``arena_train.stats.clustered_proportion_ci``). Every other metric uses a Student-t interval over per-seed means
 (over episodes with one sample), and the table names the seeds. pass@k is the unbiased estimator over
 the samples of each seed. Episodes are played on the env's held-out split
 (``arena_envs.held_out_split``: ALFWorld ``valid_seen``, the others ``test``), which shares no task
@@ -51,8 +51,8 @@ from arena_envs import ENV_IDS, auto_env_workers, held_out_split
 from arena_train.mixture import env_id_problem
 from arena_train.models import model_path_problem
 from arena_train.rollout import EVAL_SEED_OFFSET
+from arena_train.stats import Estimate, clustered_proportion_ci, mean_ci, pass_at_k, proportion_ci
 from arena_train.streams import episode_sampling_seeds
-from eval.stats import Estimate, clustered_proportion_ci, mean_ci, pass_at_k, proportion_ci
 
 DEFAULT_MAX_TURNS = 50
 

@@ -49,9 +49,9 @@ from arena_train.bc import (
 )
 from arena_train.dist import cpu_launch, free_port
 from arena_train.rollout import EVAL_SEED_OFFSET, RolloutConfig
+from arena_train.stats import mean_ci, pct_ci
 from eval.evaluate import EvalResult, evaluate_policy, format_results, hf_policy
 from eval.side_process import SideProcess, bc_env, evaluate_start, run_seeds_apart
-from eval.stats import mean_ci, pct_ci
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -51,7 +51,7 @@ import tyro
 
 from arena_train.episodes import EPISODES_DIR, SCHEMA
 from arena_train.safe_files import atomic_write_text
-from eval.stats import proportion_ci
+from arena_train.stats import proportion_ci
 
 #: Bytes of one record line at most: a longer line is left out (the page notes it), so memory stays bounded.
 LINE_BYTES = 64_000_000

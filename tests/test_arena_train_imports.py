@@ -72,3 +72,15 @@ def test_the_cycle_finder_finds_module_and_function_level_circles(tmp_path):
     assert graph == {"a": {"b"}, "b": {"c"}, "c": {"a"}}
     assert find_cycle(graph) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_arena_train_never_imports_eval():
+    """The machinery sits below the analysis folder: no module of arena_train imports eval (the verdict's
+    intervals live in arena_train.stats)."""
+    offenders = []
+    for path in PACKAGE.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            offenders += [f"{path.name}: {n}" for n in names if n == "eval" or n.startswith("eval.")]
+    assert not offenders, offenders

@@ -24,7 +24,7 @@ from arena_train.episodes import (
     write_episodes,
 )
 from arena_train.rows import EPISODE_STOPS, TURN_STOPS
-from eval.stats import clustered_proportion_ci, paired_difference_ci, proportion_ci
+from arena_train.stats import clustered_proportion_ci, paired_difference_ci, proportion_ci
 
 ROOT = Path(__file__).resolve().parents[1]
 EVAL_EPISODES = 4

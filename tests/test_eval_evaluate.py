@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from arena_envs.base import TextEnv
+from arena_train.stats import mean_ci, pass_at_k, proportion_ci, t_quantile
 from eval.evaluate import Args, evaluate_policy, hf_policy, load_model, main
-from eval.stats import mean_ci, pass_at_k, proportion_ci, t_quantile
 
 SOKOBAN = "ARL/Sokoban-v0"
 SEEDS = list(range(1_000_000_000, 1_000_000_012))
