@@ -157,7 +157,19 @@ def without_turns(record: dict[str, Any]) -> dict[str, Any]:
 
 
 def _line(record: dict[str, Any]) -> str:
-    return json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n"
+    return json.dumps(finite(record), ensure_ascii=False, allow_nan=False) + "\n"
+
+
+def finite(value: Any) -> Any:
+    """``value`` with every NaN or infinite float as None (JSON's null): a record is written whatever an env
+    returned, instead of the run dying in ``json.dumps`` before its checkpoint."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite(v) for v in value]
+    return value
 
 
 def encode_records(records: Iterable[dict[str, Any]], max_bytes: int = FILE_BYTES) -> tuple[str, int]:

@@ -222,3 +222,15 @@ def test_a_run_record_without_some_settings_takes_the_training_defaults_for_them
     args, notes = resolve_settings(Args(run=old))
     assert (args.max_turns, args.seed, args.prompt_style, args.model) == (3, 5, "compact", str(old / "final"))
     assert "with the training defaults for" in notes[0] and "prompt_style" in notes[0]
+
+
+def test_a_non_finite_number_is_written_as_null_not_a_crash(tmp_path):
+    """An env that returns NaN or inf must not kill the run while its episodes are written (before a checkpoint)."""
+    from arena_train.episodes import read_episodes, write_episodes
+
+    record = {"schema": 1, "episode": 0, "env_return": float("nan"), "turns": [{"reward": float("inf")}],
+              "won": False}
+    path = tmp_path / "train_000001.jsonl"
+    assert write_episodes(path, [record]) == 1
+    back = read_episodes(path)
+    assert back[0]["env_return"] is None and back[0]["turns"][0]["reward"] is None
