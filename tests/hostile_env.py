@@ -4,7 +4,8 @@
 ``mode`` (a ``gym.make`` keyword, so a server passes it with its env kwargs while the trainer's own copy of the env
 stays honest): ``"huge"`` makes every observation ``HUGE_OBSERVATION`` (20 MB of text starting with U+202E) and
 every info hostile (``HOSTILE_INFO``: 5,000 admissible actions of 1,000 characters, a task with bidi controls,
-a NaN score), and ``reset(options={"fail": True})`` raises a ``ValueError`` of that text; ``"nan"`` pays a NaN
+a NaN score), and ``reset(options={"fail": True})`` raises a ``ValueError`` of that text; ``"huge_steps"``
+sends that observation from every step, after an honest first one; ``"nan"`` pays a NaN
 reward on step ``step`` of the episodes of the task seeds ``seeds``.
 """
 
@@ -38,7 +39,8 @@ class HostileEnv(gym.Wrapper):
         obs, reward, terminated, truncated, info = self.env.step(action)
         if self.mode == "nan" and self.seed in self.seeds and self.steps == self.nan_step:
             reward = float("nan")
-        return self._obs(obs), reward, terminated, truncated, self._info(info)
+        huge = self.mode in ("huge", "huge_steps")
+        return HUGE_OBSERVATION if huge else obs, reward, terminated, truncated, self._info(info)
 
     def _obs(self, obs: str) -> str:
         return HUGE_OBSERVATION if self.mode == "huge" else obs

@@ -204,3 +204,25 @@ def test_a_nan_reward_is_an_env_error(tiny_model, tmp_path):
     for name in ("train_000001.jsonl", "train_000002.jsonl"):
         records = [json.loads(line) for line in (run / "episodes" / name).read_text().splitlines()]
         assert records and all(math.isfinite(r["episode_return"]) for r in records)
+
+
+def test_a_training_run_against_a_server_of_20_mb_observations_keeps_training(tiny_model, tmp_path):
+    """After an honest first observation, every observation the server sends is 20 MB starting with U+202E: the
+    run trains on prompts as bounded and clean as an in-process env's (cut to the prompt budget, counted in
+    truncated_prompts), and no env error (the client cleans, it does not fail)."""
+    with ServerThread(make_app(HOSTILE_ID, max_sessions=16, mode="huge_steps")) as server:
+        cmd = [sys.executable, str(ROOT / "algos" / "grpo.py"), "--model-path", tiny_model, "--output-dir",
+               str(tmp_path / "runs"), "--run-name", "r", "--env-id", HOSTILE_ID, "--env-servers", server.url,
+               "--eval-split", "test", "--num-groups", "1", "--group-size", "2", "--max-turns", "2",
+               "--max-response-tokens", "4", "--eval-every", "0",
+               "--torch-threads", "1", "--num-iterations", "1", "--log-episodes", "2"]
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "",
+               "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}"}
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = tmp_path / "runs" / "r"
+    (metrics,) = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert metrics["rollout/env_errors"] == 0 and metrics["actor/skipped_updates"] == 0
+    assert metrics["rollout/truncated_prompts"] > 0
+    text = (run / "episodes" / "train_000001.jsonl").read_text()
+    assert "\u202e" not in text and len(text) < 40 * MAX_OBSERVATION_CHARS
