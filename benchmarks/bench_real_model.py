@@ -11,7 +11,8 @@ Work (both sides, float32, the same pinned thread count, the same model object):
   a token-mean policy-gradient loss, backward, grad-norm clip, AdamW step. Ours: ``make_batch(share_prefix=True)``
   + ``sequence_logprobs`` (LM head on the response positions only, chunked log-softmax) + ``agg_loss``. Plain: one
   forward that returns every position's logits, ``log_softmax`` + ``gather`` on the response positions.
-- baseline of the machine: ``torch.mm`` of ``--matmul-size``-square fp32 matrices (GFLOP/s = 2 n^3 / s).
+- baseline of the machine: ``torch.mm`` of ``--matmul-size``-square fp32 matrices (GFLOP/s = 2 n^3 / s), run as
+  a third side of every alternation (the same load as the model runs beside it).
 
 Achieved GFLOP/s counts 2 * params per token forward (generation: prompt + generated tokens; the same nominal
 count for both sides, although ours prefills columns shared by the batch once) and 6 * params per trained token
@@ -218,17 +219,24 @@ def plain_step(model, optimizer, rows, pad_id: int, times: dict[str, float]) -> 
 
 # ---- measuring -------------------------------------------------------------------------------------------------
 
-def matmul_gflops(n: int, repeats: int) -> float:
-    """Median fp32 ``torch.mm`` rate of two n x n matrices at the current thread count: what this CPU gives a
-    large dense matmul right now, the ceiling the model's achieved rate is read against."""
+MATMUL_CALLS = 3  # torch.mm calls per matmul run (2048^3: about a second in all on one loaded core)
+
+
+def matmul_side(n: int) -> Callable[[], None]:
+    """A run of ``MATMUL_CALLS`` fp32 ``torch.mm`` of two n x n matrices at the current thread count: what this
+    CPU gives a large dense matmul, the ceiling the model's achieved rate is read against. It runs as a third side
+    of every alternation, so that it sees the same load as the model runs beside it (a rate measured once, at
+    another moment of a shared machine, can lie below what the model then achieves)."""
     a, b = torch.randn(n, n), torch.randn(n, n)
-    torch.mm(a, b)  # warm-up
-    rates = []
-    for _ in range(max(repeats, 1)):
-        t0 = time.perf_counter()
-        torch.mm(a, b)
-        rates.append(2 * n ** 3 / (time.perf_counter() - t0) / 1e9)
-    return statistics.median(rates)
+
+    def run() -> None:
+        for _ in range(MATMUL_CALLS):
+            torch.mm(a, b)
+    return run
+
+
+def matmul_gflops(n: int, seconds: list[float]) -> float:
+    return statistics.median(2 * n ** 3 * MATMUL_CALLS / s / 1e9 for s in seconds)
 
 
 def timed(fn: Callable[[], object]) -> tuple[float, object]:
@@ -280,8 +288,8 @@ def measure_rollout(model, tokenizer, prompts, args, n_params: int) -> tuple[dic
             outputs[name] = fn(model, tokenizer, prompts, n_new, args.seed)
         return run
 
-    full = alternate({"ours": side(ours_generate, "ours", new), "plain": side(plain_generate, "plain", new)},
-                     args.warmup, args.repeats)
+    full = alternate({"ours": side(ours_generate, "ours", new), "plain": side(plain_generate, "plain", new),
+                      "matmul": matmul_side(args.matmul_size)}, args.warmup, args.repeats)
     rows = make_rows(prompts, outputs["ours"], ours_generate.logps, args.seed)
     lengths = {name: [len(r) for r in outputs[name]] for name in ("ours", "plain")}
     prefill = alternate({"ours": side(ours_generate, "ours1", 1), "plain": side(plain_generate, "plain1", 1)},
@@ -299,6 +307,7 @@ def measure_rollout(model, tokenizer, prompts, args, n_params: int) -> tuple[dic
             (result[name]["median_s"] - result[name]["prefill_median_s"]) / steps * 1e3, 1)
     result["ratio_ours_over_plain_tokens_per_s"] = round(
         result["ours"]["tokens_per_s"] / result["plain"]["tokens_per_s"], 3)
+    result["matmul_gflops"] = round(matmul_gflops(args.matmul_size, full["matmul"]), 1)
     if args.profile_top:
         for name, fn in (("ours", ours_generate), ("plain", plain_generate)):
             result[name]["profile_top_ops"] = profile_top(
@@ -325,8 +334,8 @@ def measure_update(model, rows, pad_id: int, args, n_params: int) -> dict:
         return run
 
     sides = {"ours": side(ours_step, "ours"), "plain": side(plain_step, "plain")}
-    seconds = alternate(sides, args.warmup, args.repeats)
-    # the timed runs include the (untimed-in-spirit) weight restore: report the step's own split sum instead
+    seconds = alternate({**sides, "matmul": matmul_side(args.matmul_size)}, args.warmup, args.repeats)
+    # the timed runs include the weight restore: the step's own time is the sum of its split
     tokens = sum(len(r.prompt_ids) + len(r.response_ids) for r in rows)
     result = {"rows": len(rows), "trained_tokens": tokens, "response_tokens": sum(len(r.response_ids) for r in rows)}
     for name in ("ours", "plain"):
@@ -338,6 +347,7 @@ def measure_update(model, rows, pad_id: int, args, n_params: int) -> dict:
                                            for k in ("forward", "backward", "optimizer")}}
     result["ratio_ours_over_plain_tokens_per_s"] = round(
         result["ours"]["tokens_per_s"] / result["plain"]["tokens_per_s"], 3)
+    result["matmul_gflops"] = round(matmul_gflops(args.matmul_size, seconds["matmul"]), 1)
     if args.profile_top:
         for name in ("ours", "plain"):
             result[name]["profile_top_ops"] = profile_top(sides[name], args.profile_top)
@@ -350,17 +360,20 @@ def table(record: dict) -> str:
     """The short table printed at the end (one line per phase and side)."""
     lines = [f"{record['model']} ({record['params'] / 1e6:.1f} M params), {record['cpu']}, "
              f"{record['torch_threads']} thread(s), load {record['load_average']['start']} -> "
-             f"{record['load_average']['end']}; fp32 matmul {record['matmul_gflops']:.1f} GFLOP/s",
+             f"{record['load_average']['end']}; fp32 matmul {record['matmul_gflops']:.1f} GFLOP/s (median, "
+             f"interleaved with the runs)",
              f"{'phase':<8} {'side':<6} {'median s':>9} {'tokens/s':>9} {'GFLOP/s':>8} {'of matmul':>10}  split"]
     for phase in ("rollout", "update"):
+        mm = record[phase]["matmul_gflops"]
         for side in ("ours", "plain"):
             r = record[phase][side]
             split = (f"prefill {r['prefill_median_s']} s, decode {r['decode_ms_per_step']} ms/step"
                      if phase == "rollout" else
                      ", ".join(f"{k} {v} s" for k, v in r["split_median_s"].items()))
             lines.append(f"{phase:<8} {side:<6} {r['median_s']:>9.3f} {r['tokens_per_s']:>9.1f} {r['gflops']:>8.2f} "
-                         f"{r['gflops'] / record['matmul_gflops']:>9.1%}  {split}")
-        lines.append(f"{phase:<8} ours/plain tokens/s: {record[phase]['ratio_ours_over_plain_tokens_per_s']:.2f}x")
+                         f"{r['gflops'] / mm:>9.1%}  {split}")
+        lines.append(f"{phase:<8} ours/plain tokens/s: {record[phase]['ratio_ours_over_plain_tokens_per_s']:.2f}x"
+                     f" (matmul beside it {mm:.1f} GFLOP/s)")
     return "\n".join(lines)
 
 
@@ -373,7 +386,6 @@ def main(argv: list[str] | None = None) -> dict:
     model, tokenizer = load_model(args.model_path)
     n_params = param_count(model)
     prompts = first_prompts(tokenizer, args.env_id, args.prompts, args.max_prompt_tokens)
-    matmul = matmul_gflops(args.matmul_size, max(args.repeats, 3))
     rollout, rows = measure_rollout(model, tokenizer, prompts, args, n_params)
     update = measure_update(model, rows, tokenizer.pad_token_id, args, n_params)
     record = {
@@ -383,7 +395,8 @@ def main(argv: list[str] | None = None) -> dict:
         "load_average": {"start": start_load, "end": load()}, "model": args.model_path, "params": n_params,
         "env_id": args.env_id, "prompts": args.prompts, "prompt_tokens": [len(p) for p in prompts],
         "max_new_tokens": args.max_new_tokens, "warmup": args.warmup, "repeats": args.repeats,
-        "matmul_size": args.matmul_size, "matmul_gflops": round(matmul, 1),
+        "matmul_size": args.matmul_size,
+        "matmul_gflops": round(statistics.median([rollout["matmul_gflops"], update["matmul_gflops"]]), 1),
         "rollout": rollout, "update": update, "wall_s": round(time.perf_counter() - t_start, 1),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
