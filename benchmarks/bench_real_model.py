@@ -43,7 +43,6 @@ import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # run as a script from anywhere
 
 LR = 1e-6  # the step's size does not change its cost; weights are restored after every timed step anyway
 
